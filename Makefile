@@ -1,0 +1,43 @@
+# The two commands: `make run` serves, `make test` runs the whole suite. Both set everything up.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+TEST_STAMP := $(VENV)/.installed-test-stamp
+
+.PHONY: run test demo bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && rm -rf $(VENV) \
+			&& { apt-get update -qq; apt-get install -y -qq python3-venv; } && $(PYTHON) -m venv $(VENV); } \
+		|| { echo "python3 -m venv failed: install Debian's python3-venv (apt-get install python3-venv)"; exit 1; }
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+run: $(STAMP)
+	$(BIN)/coalescer serve
+
+demo: $(STAMP)
+	$(BIN)/coalescer demo
+
+test: $(TEST_STAMP)
+	$(BIN)/ruff check coalescer tests
+	$(BIN)/ruff format --check coalescer tests
+	$(BIN)/mypy
+	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
+
+bench: $(TEST_STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq wrk; } \
+		|| { echo "make bench needs wrk: apt-get install wrk"; exit 1; }
+	$(BIN)/python scripts/with_services.py $(BIN)/python bench/query.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

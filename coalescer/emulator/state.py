@@ -1,0 +1,285 @@
+"""The task life-cycle (seed 002) as pure state transitions: creation, dependencies,
+scheduling, cancellation, claim expiry, deadlines and expiry. The worker's side (claims and
+resolutions, seed 003) is in :mod:`coalescer.emulator.claims`.
+
+Every operation takes ``now`` and returns ``(response body, messages to publish)``; nothing here
+does IO or reads a clock. Failures are :class:`~coalescer.emulator.model.QueueError`.
+
+Where the real queue and its documentation differ, the documentation (seed 002) wins: when a run
+is retried (``claim-expired``, ``worker-shutdown``, ``intermittent-task`` with retries left) only
+``task-pending`` for the new run is published, never ``task-exception`` for the old one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+from coalescer.emulator import artifacts, credentials
+from coalescer.emulator import messages as msg
+from coalescer.emulator.clock import parse_time
+from coalescer.emulator.definition import normalize
+from coalescer.emulator.messages import Message
+from coalescer.emulator.model import RESOLVED, QueueError, Run, Task
+
+Outcome = tuple[Any, list[Message]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """The queue's time constants."""
+
+    #: takenUntil is this far after a claim or reclaim (the real queue's default: 20 minutes)
+    claim_timeout: timedelta = timedelta(minutes=20)
+    #: temporary credentials outlive their takenUntil by this much
+    credential_grace: timedelta = timedelta(minutes=1)
+    #: artifacts may still be created this long after a run is resolved exception (seed 003)
+    artifact_grace: timedelta = timedelta(minutes=20)
+
+
+class QueueState:
+    """All tasks of one emulated queue, in memory."""
+
+    def __init__(self, timing: Timing | None = None) -> None:
+        self.timing = timing or Timing()
+        self.tasks: dict[str, Task] = {}
+        self.issued: dict[str, credentials.Issued] = {}
+        self._dependents: defaultdict[str, list[str]] = defaultdict(list)
+        self._seq = itertools.count(1)
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def task(self, task_id: str) -> Task:
+        """The task, or ResourceNotFound."""
+        try:
+            return self.tasks[task_id]
+        except KeyError:
+            raise QueueError(
+                "ResourceNotFound",
+                f"`{task_id}` does not correspond to a task that exists.\n"
+                "Are you sure this task has already been submitted?",
+                taskId=task_id,
+            ) from None
+
+    def dependents(self, task_id: str) -> list[Task]:
+        """Tasks that list ``task_id`` in their dependencies, oldest first."""
+        self.task(task_id)
+        return [self.tasks[t] for t in self._dependents.get(task_id, []) if t in self.tasks]
+
+    def check_credentials(self, client_id: str, task_id: str, run_id: int, now: datetime) -> None:
+        """AuthenticationFailed if ``client_id`` is temporary credentials we issued for another
+        task run, or that have expired."""
+        credentials.check(self.issued.get(client_id), task_id, run_id, now)
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    def create_task(self, task_id: str, request: dict[str, Any], now: datetime) -> Outcome:
+        """createTask: unscheduled until its dependencies allow, else pending at once.
+        Idempotent for the same definition; RequestConflict for another."""
+        definition = normalize(task_id, request, now)
+        existing = self.tasks.get(task_id)
+        if existing is not None:
+            if existing.definition != definition:
+                raise QueueError(
+                    "RequestConflict",
+                    f"taskId `{task_id}` already used by another task.\n"
+                    "This could be the result of faulty idempotency!",
+                    existingTask=existing.definition,
+                    taskDefinition=definition,
+                )
+            # An idempotent retry resends what the first call published, while still true.
+            first = existing.runs[0].state if existing.runs else "unscheduled"
+            if first not in ("unscheduled", "pending"):
+                return {"status": existing.status()}, []
+            out = [msg.task_defined(existing)]
+            if first == "pending":
+                out.append(msg.task_pending(existing, existing.runs[0]))
+            return {"status": existing.status()}, out
+
+        task = Task(
+            task_id=task_id,
+            definition=definition,
+            deadline=parse_time(definition["deadline"]),
+            expires=parse_time(definition["expires"]),
+            retries_left=definition["retries"],
+        )
+        missing = [d for d in task.dependencies if d != task_id and d not in self.tasks]
+        if missing:
+            raise QueueError(
+                "InputError", f"`{task_id}` depends on non-existing tasks: {', '.join(missing)}"
+            )
+        short = [
+            d for d in task.dependencies if d != task_id and self.tasks[d].expires < task.deadline
+        ]
+        if short:
+            raise QueueError(
+                "InputError",
+                f"`{task_id}` has dependencies that expire before its deadline: {', '.join(short)}",
+            )
+        self.tasks[task_id] = task
+        for dependency in task.dependencies:
+            self._dependents[dependency].append(task_id)
+        run = self.new_run(task, "scheduled", now) if self._ready(task) else None
+        out = [msg.task_defined(task)]
+        if run is not None:
+            out.append(msg.task_pending(task, run))
+        return {"status": task.status()}, out
+
+    def schedule_task(self, task_id: str, now: datetime) -> Outcome:
+        """scheduleTask: make an unscheduled task pending whatever its dependencies."""
+        task = self.task(task_id)
+        if now >= task.deadline:
+            raise QueueError(
+                "RequestConflict", f"Task `{task_id}` can't be scheduled past its deadline."
+            )
+        if task.state != "unscheduled":
+            return {"status": task.status()}, []  # idempotent, even once resolved
+        run = self.new_run(task, "scheduled", now)
+        return {"status": task.status()}, [msg.task_pending(task, run)]
+
+    def cancel_task(self, task_id: str, now: datetime) -> Outcome:
+        """cancelTask: resolve the live run (or a new one) exception/canceled; idempotent."""
+        task = self.task(task_id)
+        if now >= task.deadline:
+            raise QueueError(
+                "RequestConflict", f"Task `{task_id}` can't be canceled past its deadline."
+            )
+        if task.state in ("pending", "running"):
+            run = task.runs[-1]
+        elif task.state == "unscheduled":
+            # A run made only to carry the exception, as scheduleTask + cancelTask would.
+            run = self.new_run(task, "exception", now, state="exception")
+        else:
+            return {"status": task.status()}, []
+        self.resolve(run, "exception", "canceled", now)
+        return {"status": task.status()}, self.resolved(task, run, now)
+
+    # -- artifacts -----------------------------------------------------------------------------
+
+    def create_artifact(
+        self,
+        task_id: str,
+        run_id: int,
+        name: str,
+        request: dict[str, Any],
+        now: datetime,
+        *,
+        put_url: str,
+    ) -> Outcome:
+        """createArtifact (see :mod:`coalescer.emulator.artifacts`); ``put_url`` is where an
+        ``s3`` artifact's bytes go."""
+        task = self.tasks.get(task_id)
+        if task is None:  # the real queue says InputError here, not ResourceNotFound
+            raise QueueError("InputError", "Task not found", taskId=task_id)
+        grace = self.timing.artifact_grace
+        body, artifact, run = artifacts.create(
+            task, run_id, name, request, now, grace=grace, put_url=put_url
+        )
+        # The real queue never publishes artifact-created for s3 (its schema has no "s3").
+        out = [] if artifact.storage_type == "s3" else [msg.artifact_created(task, run, artifact)]
+        return body, out
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def expire(self, now: datetime) -> list[Message]:
+        """Everything due by ``now``, in time order: claim expiry, deadlines, task expiry."""
+        out: list[Message] = []
+        while (due := self._next_due(now)) is not None:
+            when, _, task = due
+            run = task.runs[-1] if task.runs else None
+            if run is not None and run.state == "running" and run.taken_until == when:
+                out += self._claim_expired(task, run, when)
+            else:
+                out += self._deadline_exceeded(task, when)
+        for task in [t for t in self.tasks.values() if t.expires <= now]:
+            self._forget(task)
+        return out
+
+    def _next_due(self, now: datetime) -> tuple[datetime, int, Task] | None:
+        due: tuple[datetime, int, Task] | None = None
+        for task in self.tasks.values():
+            if task.resolved:
+                continue
+            # (time, tie-break) pairs: a claim expiring at the deadline expires first
+            candidates = [(task.deadline, 1)]
+            run = task.runs[-1] if task.runs else None
+            if run is not None and run.state == "running" and run.taken_until is not None:
+                candidates.append((run.taken_until, 0))
+            for when, order in candidates:
+                if when <= now and (due is None or (when, order) < due[:2]):
+                    due = (when, order, task)
+        return due
+
+    def _claim_expired(self, task: Task, run: Run, when: datetime) -> list[Message]:
+        self.resolve(run, "exception", "claim-expired", when)
+        if task.retries_left > 0:
+            task.retries_left -= 1
+            return [msg.task_pending(task, self.new_run(task, "retry", when))]
+        return self.resolved(task, run, when)
+
+    def _deadline_exceeded(self, task: Task, when: datetime) -> list[Message]:
+        if task.runs:
+            run = task.runs[-1]
+        else:
+            run = self.new_run(task, "exception", when, state="exception")
+        self.resolve(run, "exception", "deadline-exceeded", when)
+        return self.resolved(task, run, when, with_worker=False)
+
+    def _forget(self, task: Task) -> None:
+        del self.tasks[task.task_id]
+        self._dependents.pop(task.task_id, None)
+        for dependency in task.dependencies:
+            if task.task_id in self._dependents.get(dependency, []):
+                self._dependents[dependency].remove(task.task_id)
+        for client_id in [c for c, i in self.issued.items() if i.task_id == task.task_id]:
+            del self.issued[client_id]
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def new_run(self, task: Task, reason: str, when: datetime, *, state: str = "pending") -> Run:
+        """Add a run (``reason`` is its reasonCreated); only the last run is ever live."""
+        run = Run(len(task.runs), state, reason, scheduled=when, seq=next(self._seq))
+        task.runs.append(run)
+        return run
+
+    def _ready(self, task: Task) -> bool:
+        wanted = {"completed"} if task.definition["requires"] == "all-completed" else RESOLVED
+        deps = [self.tasks.get(d) for d in task.dependencies]
+        return all(dep is not None and dep.state in wanted for dep in deps)
+
+    @staticmethod
+    def resolve(run: Run, state: str, reason: str, when: datetime) -> None:
+        """Mark ``run`` resolved (callers publish, via :meth:`resolved` or a retry)."""
+        run.state, run.reason_resolved, run.resolved = state, reason, when
+
+    def resolved(
+        self, task: Task, run: Run, when: datetime, *, with_worker: bool = True
+    ) -> list[Message]:
+        """The message for a task that just resolved, then the dependents it makes pending."""
+        out = [msg.task_resolved(task, run, with_worker=with_worker)]
+        for dependent_id in self._dependents.get(task.task_id, []):
+            dependent = self.tasks.get(dependent_id)
+            if dependent is None or dependent.state != "unscheduled" or when >= dependent.deadline:
+                continue
+            if self._ready(dependent):
+                out.append(msg.task_pending(dependent, self.new_run(dependent, "scheduled", when)))
+        return out
+
+    def issue(self, task: Task, run: Run, now: datetime) -> dict[str, str]:
+        """New temporary credentials for the claimed ``run``, remembered for later checks."""
+        assert run.worker_group and run.worker_id and run.taken_until
+        creds, issued = credentials.issue(
+            task.task_id,
+            run.run_id,
+            run.worker_group,
+            run.worker_id,
+            run.taken_until,
+            list(task.definition["scopes"]),
+            now=now,
+            grace=self.timing.credential_grace,
+        )
+        self.issued[issued.client_id] = issued
+        return creds

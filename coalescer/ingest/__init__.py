@@ -1,0 +1,1 @@
+"""Getting task events into the index: message parsing, the Pulse consumer, reconciliation."""

@@ -1,0 +1,170 @@
+"""Pulse message → :class:`~coalescer.model.TaskEvent`. Pure: no IO.
+
+A message is what a Pulse consumer sees: the exchange, the primary routing key, the ``CC``
+routes (``route.<task.routes[i]>``) and the JSON body, validated against the queue's saved
+message schema for that exchange.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from coalescer.errors import InvalidEvent, InvalidInput
+from coalescer.ingest import validation
+from coalescer.model import (
+    STATE_RANKS,
+    TERMINAL_RUN,
+    TaskEvent,
+    keys_from_routes,
+    parse_time_ms,
+)
+
+EXCHANGE_PREFIX = "exchange/taskcluster-queue/v1/"
+#: Exchange name → the state its messages announce for ``runId``.
+EXCHANGE_STATES = {
+    "task-pending": "pending",
+    "task-running": "running",
+    "task-completed": "completed",
+    "task-failed": "failed",
+    "task-exception": "exception",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Message:
+    exchange: str
+    routing_key: str
+    routes: tuple[str, ...]
+    payload: Mapping[str, Any]
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Message:
+        """``{"exchange", "routingKey", "routes" | "CC", "payload"}`` as ``POST /v1/events`` takes."""
+        if not isinstance(doc, dict):
+            raise InvalidEvent("a message must be a JSON object")
+        exchange, payload = doc.get("exchange"), doc.get("payload")
+        routes = doc.get("routes", doc.get("CC", []))
+        if not isinstance(exchange, str):
+            raise InvalidEvent("message lacks a string 'exchange'")
+        if not isinstance(payload, dict):
+            raise InvalidEvent("message lacks an object 'payload'")
+        if not isinstance(routes, list) or not all(isinstance(r, str) for r in routes):
+            raise InvalidEvent("'routes'/'CC' must be a list of strings")
+        routing_key = doc.get("routingKey", "")
+        if not isinstance(routing_key, str):
+            raise InvalidEvent("'routingKey' must be a string")
+        return cls(exchange, routing_key, tuple(routes), payload)
+
+
+def exchange_state(exchange: str) -> str:
+    name = exchange.removeprefix(EXCHANGE_PREFIX)
+    if name not in EXCHANGE_STATES:
+        raise InvalidEvent(f"not a task state exchange: {exchange!r}")
+    return EXCHANGE_STATES[name]
+
+
+def to_event(message: Message, *, prefix: str, rank_tag: str | None = None) -> TaskEvent | None:
+    """The index event for ``message``, or ``None`` when it names no coalescing route.
+
+    Raises :class:`InvalidEvent` for a message that can never be applied.
+    """
+    state = exchange_state(message.exchange)
+    keys = keys_from_routes(message.routes, prefix)
+    if not keys:
+        return None
+    body = message.payload
+    name = message.exchange.removeprefix(EXCHANGE_PREFIX)
+    problems = validation.errors(f"{name}-message", body)
+    if problems:
+        raise InvalidEvent(f"{name} message fails its schema: " + "; ".join(problems))
+    if "runId" in body:
+        announced = (int(body["runId"]), state)
+    else:  # exception before any run (deadline): final, newer than any run
+        announced = (TERMINAL_RUN, "exception")
+    tags = (body.get("task") or {}).get("tags", {})
+    return status_event(body["status"], keys, announced=announced, tags=tags, rank_tag=rank_tag)
+
+
+def status_event(
+    status: Mapping[str, Any],
+    keys: tuple[str, ...],
+    *,
+    announced: tuple[int, str] | None = None,
+    tags: Mapping[str, Any] | None = None,
+    rank_tag: str | None = None,
+    order: float | None = None,
+) -> TaskEvent | None:
+    """The index event for a task status (``task-status.json``) under coalescing ``keys``.
+
+    ``announced`` is the ``(runId, state)`` a Pulse message announces; the status's newest run
+    wins when it is newer. Without it (the queue's ``status`` answer, for reconcile) the newest
+    run is the truth, and a task with no run is final when its state is ``exception`` (deadline)
+    and not yet indexable otherwise (``None``). ``order`` overrides the order the status and
+    ``tags`` give: reconcile passes the order the index holds, as a status has no tags.
+
+    Raises :class:`InvalidEvent` for data that can never be applied.
+    """
+    runs = status.get("runs") or []
+    if announced is None:
+        if runs:
+            announced = (int(runs[-1]["runId"]), runs[-1]["state"])
+        elif status.get("state") == "exception":
+            announced = (TERMINAL_RUN, "exception")
+        else:
+            return None
+    run_id, state = announced
+    rank = STATE_RANKS[state]
+    try:
+        # Newest knowledge wins: the announced run, or a later run the status shows.
+        if runs and (runs[-1]["runId"], STATE_RANKS[runs[-1]["state"]]) > (run_id, rank):
+            run_id, state = runs[-1]["runId"], runs[-1]["state"]
+        deadline_ms = parse_time_ms(status["deadline"])
+        since_ms = parse_time_ms(runs[-1]["scheduled"]) if runs else deadline_ms
+        if order is None:
+            order = _order(tags or {}, runs, rank_tag, deadline_ms)
+    except InvalidInput as exc:
+        raise InvalidEvent(str(exc)) from exc
+    reason = runs[-1].get("reasonResolved", "") if runs else "deadline-exceeded"
+    times = _run_times(runs[-1]) if runs and runs[-1].get("runId") == run_id else (0, 0)
+    return TaskEvent(
+        task_id=status["taskId"],
+        run_id=run_id,
+        state=state,
+        keys=keys,
+        order=order,
+        deadline_ms=deadline_ms,
+        pending_since_ms=since_ms,
+        reason=reason,
+        started_ms=times[0],
+        resolved_ms=times[1],
+    )
+
+
+def _run_times(run: Mapping[str, Any]) -> tuple[int, int]:
+    """``(started_ms, resolved_ms)`` of a run, 0 for what it lacks (or cannot be read: these
+    only tune superseding policies, so they never make an event invalid)."""
+    out = []
+    for field in ("started", "resolved"):
+        try:
+            out.append(parse_time_ms(run[field]) if field in run else 0)
+        except InvalidInput:
+            out.append(0)
+    return out[0], out[1]
+
+
+def _order(tags: Mapping[str, Any], runs: list[Any], rank_tag: str | None, fallback: int) -> float:
+    if rank_tag is not None:
+        raw: Any = tags.get(rank_tag)
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise InvalidInput(
+                f"task tag {rank_tag!r} (COALESCER_RANK_TAG) is missing or not a number: {raw!r}"
+            ) from None
+        if not abs(value) < 2**53:
+            raise InvalidInput(f"task tag {rank_tag!r} is out of range: {raw!r}")
+        return value
+    # Tasks resolved before any run sort by deadline; they are never offered anyway.
+    return float(parse_time_ms(runs[0]["scheduled"])) if runs else float(fallback)

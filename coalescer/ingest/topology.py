@@ -1,0 +1,158 @@
+"""What the Pulse consumer declares and binds, and declaring it once before consuming.
+
+Names and routing-key patterns come from the official client's ``QueueEvents``; ours follow
+Pulse's rule that a user may only declare ``queue/<user>/…`` and ``exchange/<user>/…``.
+
+:func:`prepare` runs on a plain connection: errors that no retry can fix (credentials,
+permissions, a queue that exists with other arguments, missing exchanges) become
+:class:`ConfigError` with a message that says what to do, instead of a robust connection retrying
+them forever. A broker that is not up yet is waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import aio_pika
+import aiormq.exceptions
+import taskcluster
+from aio_pika.abc import AbstractConnection
+
+from coalescer.errors import ConfigError
+from coalescer.settings import redact_url
+
+log = logging.getLogger(__name__)
+
+#: The ``QueueEvents`` methods we bind to: every task state change.
+STATE_EXCHANGES = ("taskPending", "taskRunning", "taskCompleted", "taskFailed", "taskException")
+#: Exchange names don't depend on the deployment; the client insists on a root URL anyway.
+_ANY_ROOT_URL = "https://taskcluster.invalid"
+
+
+def bindings(prefix: str, root_url: str | None = None) -> list[tuple[str, str]]:
+    """``(exchange, routing key pattern)`` per task state exchange: every message CC'ed to a
+    ``<prefix>.…`` task route."""
+    events = taskcluster.QueueEvents({"rootUrl": root_url or _ANY_ROOT_URL})
+    found = []
+    for method in STATE_EXCHANGES:
+        ref = getattr(events, method)(f"route.{prefix}.#")
+        found.append((str(ref["exchange"]), str(ref["routingKeyPattern"])))
+    return found
+
+
+def default_queue(pulse_url: str) -> str:
+    """``queue/<user>/coalescer``, ``<user>`` from ``PULSE_URL``."""
+    user = unquote(urlsplit(pulse_url).username or "guest")
+    return f"queue/{user}/coalescer"
+
+
+def dead_letter_names(queue: str) -> tuple[str, str]:
+    """``(exchange, queue)`` for messages set aside from ``queue``: ``queue/<user>/x`` gets
+    ``exchange/<user>/x/dead`` and ``queue/<user>/x/dead``."""
+    if queue.startswith("queue/"):
+        return "exchange/" + queue.removeprefix("queue/") + "/dead", queue + "/dead"
+    return queue + "/dead", queue + "/dead"
+
+
+def queue_arguments(queue: str, max_length: int) -> dict[str, Any]:
+    # reject-publish: a full queue refuses new messages (the publisher is told) instead of
+    # silently dropping its oldest ones, as the default drop-head would.
+    return {
+        "x-max-length": max_length,
+        "x-overflow": "reject-publish",
+        "x-dead-letter-exchange": dead_letter_names(queue)[0],
+    }
+
+
+async def prepare(
+    url: str,
+    queue: str,
+    exchanges: Sequence[tuple[str, str]],
+    *,
+    max_length: int,
+    declare_exchanges: bool,
+    connection_name: str,
+    stop: asyncio.Event,
+) -> bool:
+    """Check (or create) the exchanges; declare the dead-letter exchange and queue, and the
+    queue. Returns ``False`` when ``stop`` was set while waiting for the broker."""
+    connection = await _connect(url, connection_name, stop)
+    if connection is None:
+        return False
+    dead_exchange, dead_queue = dead_letter_names(queue)
+    try:
+        for exchange, _ in exchanges:
+            await _exchange(connection, exchange, declare_exchanges, url)
+        channel = await connection.channel()
+        dlx = await channel.declare_exchange(
+            dead_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        dead = await channel.declare_queue(dead_queue, durable=True)
+        await dead.bind(dlx, "#")
+        await channel.declare_queue(
+            queue, durable=True, arguments=queue_arguments(queue, max_length)
+        )
+        await channel.close()
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        raise ConfigError(
+            f"queue {queue!r} exists with other arguments ({exc}); its maximum length comes "
+            "from COALESCER_PULSE_MAX_LENGTH: restore it, or delete the queue once drained"
+        ) from exc
+    except aiormq.exceptions.ChannelAccessRefused as exc:
+        raise ConfigError(
+            f"the broker refused to declare {queue!r} or {dead_exchange!r} ({exc}); "
+            "on Pulse, PULSE_QUEUE must start with queue/<user>/"
+        ) from exc
+    finally:
+        await connection.close()
+    return True
+
+
+async def _connect(url: str, name: str, stop: asyncio.Event) -> AbstractConnection | None:
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            return await aio_pika.connect(
+                url, client_properties={"connection_name": name + " (setup)"}, timeout=10
+            )
+        except (
+            aiormq.exceptions.AuthenticationError,
+            aiormq.exceptions.ProbableAuthenticationError,
+        ) as exc:
+            raise ConfigError(
+                f"the broker at {redact_url(url)} refused PULSE_URL's credentials"
+            ) from exc
+        except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
+            log.warning(
+                "broker at %s unreachable (%s); retrying in %.0f s",
+                redact_url(url),
+                str(exc) or type(exc).__name__,
+                delay,
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, 30.0)
+    return None
+
+
+async def _exchange(connection: AbstractConnection, name: str, declare: bool, url: str) -> None:
+    """Check ``name`` exists (a passive declare); create it only when asked: on Pulse the
+    queue service owns it and declaring it is refused."""
+    channel = await connection.channel()
+    try:
+        await channel.declare_exchange(name, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity as exc:
+        if not declare:
+            raise ConfigError(
+                f"exchange {name!r} does not exist on {redact_url(url)}; "
+                "on a bare RabbitMQ (tests, the emulator) pass --declare-exchanges"
+            ) from exc
+        channel = await connection.channel()  # the failed passive declare closed the first
+        await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+        log.warning("declared the missing exchange %s (topic, durable)", name)
+    await channel.close()

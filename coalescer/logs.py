@@ -1,0 +1,88 @@
+"""Logging: one JSON object per line (or plain text with COALESCER_LOG_FORMAT=text).
+
+A request's id (``X-Request-Id``, see ``coalescer.web.tracing``) is kept in a context variable
+while the request is handled, and every line logged meanwhile carries it as ``request_id``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+
+import orjson
+
+#: The id of the HTTP request being handled, if any.
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "coalescer_request_id", default=None
+)
+#: ``extra={...}`` fields that become JSON fields of their own.
+FIELDS = (
+    "request_id",
+    "method",
+    "path",
+    "status",
+    "duration_ms",
+    "key",
+    "task_id",
+    "exchange",
+    "outcome",
+)
+
+
+class JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for extra in FIELDS:
+            if hasattr(record, extra):
+                doc[extra] = getattr(record, extra)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+class RequestContext(logging.Filter):
+    """Stamps each record with the current request's id."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request_id = REQUEST_ID.get()
+        if request_id is not None and not hasattr(record, "request_id"):
+            record.request_id = request_id
+        return True
+
+
+def setup(level: str = "INFO", json: bool = True) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JSONFormatter()
+        if json
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    handler.addFilter(RequestContext())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("aiormq", "aio_pika"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def adopt_uvicorn() -> None:
+    """Send uvicorn's own lines (startup, errors) through our handler, so that they are JSON too.
+
+    uvicorn installs plain-text handlers when it starts; this undoes that once the app's
+    lifespan begins, when :func:`setup` configured logging (the CLI), and not otherwise
+    (tests, embedding).
+    """
+    root = logging.getLogger()
+    if not any(isinstance(h.formatter, JSONFormatter) for h in root.handlers):
+        return
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True

@@ -1,0 +1,179 @@
+"""The pure core: task events, versions, ordering and input validation. No IO here.
+
+A task's *version* is ``(runId, rank)`` with pending < running < resolved. The index applies an
+event only when its version is newer than the one it holds, so duplicated and re-ordered
+deliveries change nothing. A task's *order* within a key comes from the event data (the first
+run's ``scheduled`` time, or a numeric tag), never from arrival time; ties go by taskId.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from datetime import datetime
+
+from coalescer.errors import InvalidInput
+
+#: Taskcluster's taskId: a v4 UUID as URL-safe base64 without padding (task-status.json).
+TASK_ID_RE = re.compile(
+    r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]$"
+)
+#: A coalescing key: dotted words of route characters. A URL path's ``/`` reads as ``.``.
+KEY_RE = re.compile(r"^[A-Za-z0-9_~+:@-]+(\.[A-Za-z0-9_~+:@-]+)*$")
+MAX_KEY_LENGTH = 200
+#: runId for an exception that resolved a task before any run (deadline): newer than any run.
+TERMINAL_RUN = 1001
+
+
+class Rank(enum.IntEnum):
+    PENDING = 1
+    RUNNING = 2
+    RESOLVED = 3
+
+
+STATE_RANKS = {
+    "pending": Rank.PENDING,
+    "running": Rank.RUNNING,
+    "completed": Rank.RESOLVED,
+    "failed": Rank.RESOLVED,
+    "exception": Rank.RESOLVED,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskEvent:
+    """One task transition as the index needs it, for every coalescing key of the task."""
+
+    task_id: str
+    run_id: int
+    state: str
+    keys: tuple[str, ...]
+    order: float
+    deadline_ms: int
+    pending_since_ms: int
+    reason: str = ""
+    #: When the reported run started and resolved (0: not yet, or unknown). Superseding
+    #: policies protect long-running tasks and estimate run durations from these.
+    started_ms: int = 0
+    resolved_ms: int = 0
+
+    @property
+    def rank(self) -> Rank:
+        return STATE_RANKS[self.state]
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.run_id, int(self.rank))
+
+
+def parse_time_ms(value: str) -> int:
+    """An RFC 3339 date-time (``2030-01-01T00:00:00.000Z``) as milliseconds since the epoch."""
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        raise InvalidInput(f"not an RFC 3339 date-time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise InvalidInput(f"date-time without a time zone: {value!r}")
+    return int(parsed.timestamp() * 1000)
+
+
+def check_task_id(value: str) -> str:
+    if not TASK_ID_RE.match(value):
+        raise InvalidInput(f"malformed taskId {value!r}: expected a 22-character slugid")
+    return value
+
+
+def key_from_path(path: str) -> str:
+    """The coalescing key named by a URL path: ``build/linux/master`` → ``build.linux.master``."""
+    key = path.strip("/").replace("/", ".")
+    return check_key(key)
+
+
+def check_key(key: str) -> str:
+    if not key:
+        raise InvalidInput("missing coalescing key")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidInput(f"coalescing key longer than {MAX_KEY_LENGTH} characters")
+    if not KEY_RE.match(key):
+        raise InvalidInput(
+            f"malformed coalescing key {key!r}: use letters, digits and _~+:@- "
+            "in dot- or slash-separated words"
+        )
+    return key
+
+
+def keys_from_routes(routes: list[str] | tuple[str, ...], prefix: str) -> tuple[str, ...]:
+    """The coalescing keys of a task: every route ``<prefix>.K`` (``route.`` CC form accepted)."""
+    head = prefix + "."
+    found: list[str] = []
+    for route in routes:
+        if route.startswith("route."):
+            route = route[len("route.") :]
+        if route.startswith(head):
+            key = route[len(head) :]
+            if key and len(key) <= MAX_KEY_LENGTH and KEY_RE.match(key) and key not in found:
+                found.append(key)
+    return tuple(found)
+
+
+def passes_thresholds(
+    pending: int, oldest_wait_s: float | None, age: int | None, size: int | None
+) -> bool:
+    """tc-coalesce's rule: supersede only when *more* than ``size`` tasks are pending and the
+    longest-waiting one has waited *more* than ``age`` seconds."""
+    if pending == 0:
+        return False
+    if size is not None and pending <= size:
+        return False
+    return not (age is not None and (oldest_wait_s is None or oldest_wait_s <= age))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeySnapshot:
+    """What the store reads for one query, in one round trip.
+
+    ``newest``: the newest pending taskIds (up to the cap), newest first. ``newer``: how many
+    pending tasks other than the initial one come after it in the key's order; ``None`` when
+    the index does not know the initial task.
+    """
+
+    pending: int
+    oldest_since_ms: int | None
+    newest: list[str]
+    newer: int | None = None
+
+
+def supersedes(
+    initial: str,
+    snap: KeySnapshot,
+    *,
+    now_ms: int,
+    age: int | None = None,
+    size: int | None = None,
+    cap: int = 32,
+) -> tuple[list[str], str]:
+    """The ``supersedes`` answer for ``initial``, oldest first, and why it has that shape.
+
+    The answer holds the newest ``cap - 1`` other pending tasks and the initial task, placed by
+    its own order. Reasons: ``unknown`` (the index has not seen the initial task: answering more
+    could make an older task supersede a newer one), ``threshold`` (age/size not exceeded),
+    ``ok``.
+    """
+    if snap.newer is None:
+        return [initial], "unknown"
+    wait = None if snap.oldest_since_ms is None else (now_ms - snap.oldest_since_ms) / 1000
+    if not passes_thresholds(snap.pending, wait, age, size):
+        return [initial], "threshold"
+    others = [t for t in snap.newest if t != initial][: cap - 1]
+    newer, older = others[: snap.newer], others[snap.newer :]
+    return [*reversed(older), initial, *reversed(newer)], "ok"
+
+
+def compat_list(snap: KeySnapshot, *, now_ms: int, age: int, size: int) -> list[str]:
+    """tc-coalesce's ``/v1/list/<age>/<size>/<key>``: every pending task, newest first, or
+    nothing when a threshold is not exceeded."""
+    wait = None if snap.oldest_since_ms is None else (now_ms - snap.oldest_since_ms) / 1000
+    if not passes_thresholds(snap.pending, wait, age, size):
+        return []
+    return snap.newest

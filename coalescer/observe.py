@@ -1,0 +1,201 @@
+"""What the service counts and remembers about itself: Prometheus metrics, the shared counters
+behind ``/v1/stats``, and recent answers for the debug pages.
+
+Queries stay at one Redis round trip: answers (and how long each took) are buffered here and
+written to each key's log, and observed by the metrics, in batches by :meth:`Observer.flush`,
+which the web app calls about once a second. Gauges of the index (pending tasks, the oldest
+wait) are read from Redis when ``/metrics`` is scraped, so they agree across processes.
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (several web processes), prometheus-client keeps the
+counters in files there and :func:`exposition` merges every process's.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
+
+from coalescer.errors import StoreUnavailable
+from coalescer.store import Store, views
+
+log = logging.getLogger(__name__)
+
+EVENTS = Counter(
+    "coalescer_events",
+    "Task events received, by source (pulse, http), exchange and outcome (applied, stale, "
+    "ignored, expired, invalid, dead-lettered)",
+    ["source", "exchange", "outcome"],
+)
+QUERIES = Counter("coalescer_queries", "Superseding queries answered, by reason", ["reason"])
+LIST_SIZE = Histogram(
+    "coalescer_supersedes_list_size",
+    "Length of supersedes lists answered",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+)
+QUERY_SECONDS = Histogram(
+    "coalescer_query_seconds",
+    "Time to answer a superseding query, from routing to the answer (the Redis round trip "
+    "included, sending the response not)",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+STORE_ERRORS = Counter("coalescer_store_errors", "Store (Redis) failures seen by the service")
+HTTP_ERRORS = Counter("coalescer_http_errors", "Error responses sent, by status code", ["status"])
+
+#: Names of the shared counters (``/v1/stats``) per ingest outcome.
+STAT_NAMES = {
+    "applied": "events_applied",
+    "stale": "events_stale",
+    "ignored": "events_ignored",
+    "expired": "events_expired",
+    "invalid": "events_invalid",
+    "dead-lettered": "events_dead_lettered",
+}
+#: The queue's task exchanges by short name; anything else counts as ``other``, so that a
+#: client cannot grow the metrics' label sets.
+EXCHANGES = frozenset(
+    ("task-pending", "task-running", "task-completed", "task-failed", "task-exception")
+)
+
+
+def exchange_label(exchange: str) -> str:
+    """``exchange/taskcluster-queue/v1/task-pending`` → ``task-pending``; else ``other``."""
+    name = exchange.rsplit("/", 1)[-1]
+    return name if name in EXCHANGES else "other"
+
+
+class Observer:
+    def __init__(self, store: Store, *, buffer: int = 10_000) -> None:
+        self.store = store
+        self._answers: collections.deque[views.GivenAnswer] = collections.deque(maxlen=buffer)
+        self._seconds: collections.deque[float] = collections.deque(maxlen=buffer)
+        self._counted = 0  # answers at the head of the buffer already in the metrics
+
+    def answer(
+        self,
+        key: str,
+        initial: str,
+        answer: list[str],
+        reason: str,
+        now_ms: int,
+        started: float | None = None,
+    ) -> None:
+        """Record one answer (``started``: ``time.perf_counter()`` when the query began);
+        metrics and logs catch up at the next :meth:`flush` (hot path)."""
+        # A tuple of strings, not the list: the garbage collector stops tracking tuples of
+        # atomic values, and a second's worth of answers would otherwise slow every collection.
+        self._answers.append((key, initial, tuple(answer), reason, now_ms))
+        if started is not None:
+            self._seconds.append(time.perf_counter() - started)
+
+    async def ingest(
+        self, source: str, outcomes: Sequence[str], exchanges: Sequence[str] | None = None
+    ) -> None:
+        """Count ingested events: ``outcomes[i]`` of a message from ``exchanges[i]``."""
+        names: Iterable[str] = (
+            map(exchange_label, exchanges) if exchanges is not None else ["other"] * len(outcomes)
+        )
+        for (exchange, outcome), n in collections.Counter(
+            zip(names, outcomes, strict=True)
+        ).items():
+            EVENTS.labels(source, exchange, outcome).inc(n)
+        counts = collections.Counter(outcomes)
+        shared = {STAT_NAMES.get(k, f"events_{k}"): n for k, n in counts.items()}
+        shared["total_msgs_handled"] = sum(counts.values())
+        await self.store.count(shared)
+
+    async def flush(self) -> None:
+        """Write buffered answers to the keys' logs; keep them if the store is down."""
+        seconds, self._seconds = self._seconds, collections.deque(maxlen=self._seconds.maxlen)
+        for s in seconds:
+            QUERY_SECONDS.observe(s)
+        batch = list(self._answers)
+        if not batch:
+            return
+        fresh = batch[self._counted :]
+        for reason, n in collections.Counter(a[3] for a in fresh).items():
+            QUERIES.labels(reason).inc(n)
+        for _key, _initial, answer, _reason, _at in fresh:
+            LIST_SIZE.observe(len(answer))
+        self._counted = len(batch)
+        try:
+            await self.store.remember_answers(batch)
+        except StoreUnavailable:
+            STORE_ERRORS.inc()
+            return
+        for _ in batch:
+            self._answers.popleft()
+        self._counted = 0
+
+
+class _IndexGauges(Collector):
+    """Gauges read from the index at scrape time (the same from every process)."""
+
+    def __init__(self, summaries: list[views.KeySummary] | None, now_ms: int) -> None:
+        self.summaries = summaries
+        self.now_ms = now_ms
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("coalescer_store_up", "1 when the store (Redis) answered")
+        up.add_metric([], 0 if self.summaries is None else 1)
+        yield up
+        if self.summaries is None:
+            return
+        waits = [
+            max(0.0, (self.now_ms - s.oldest_since_ms) / 1000)
+            for s in self.summaries
+            if s.pending and s.oldest_since_ms is not None
+        ]
+        for name, doc, value in (
+            ("coalescer_keys", "Coalescing keys known", len(self.summaries)),
+            (
+                "coalescer_keys_with_pending",
+                "Coalescing keys with pending tasks",
+                sum(1 for s in self.summaries if s.pending),
+            ),
+            (
+                "coalescer_pending_tasks",
+                "Pending tasks in the index, over every key",
+                sum(s.pending for s in self.summaries),
+            ),
+            (
+                "coalescer_oldest_pending_seconds",
+                "How long the longest-waiting pending task has waited, over every key",
+                max(waits, default=0.0),
+            ),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
+
+
+def _process_registry() -> CollectorRegistry:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+async def exposition(store: Store) -> bytes:
+    """The ``/metrics`` body: this service's counters (every process's, in multiprocess mode)
+    and the index gauges, read now."""
+    now_ms = int(time.time() * 1000)
+    summaries: list[views.KeySummary] | None
+    try:
+        summaries = await views.summaries(store, await store.keys(), now_ms=now_ms)
+    except StoreUnavailable as exc:
+        STORE_ERRORS.inc()
+        log.warning("metrics without the index gauges: %s", exc)
+        summaries = None
+    gauges = CollectorRegistry(auto_describe=False)
+    gauges.register(_IndexGauges(summaries, now_ms))
+    return generate_latest(_process_registry()) + generate_latest(gauges)

@@ -1,0 +1,17 @@
+"""Superseding policies per key: decide on arrival, enforce on the queue, keep the lineage.
+
+* :mod:`~coalescer.policy.rules` — the policy file, parsed and validated (pure).
+* :mod:`~coalescer.policy.actions` — carrying out one decision on the queue, idempotently.
+* :mod:`~coalescer.policy.enforcer` — ``coalescer enforce``: the outbox consumer.
+* :mod:`~coalescer.policy.lineage` — what superseded a task, what it superseded, chains.
+* :mod:`~coalescer.policy.cli` — ``coalescer enforce`` and ``coalescer policy check``.
+
+The decisions themselves are taken in Redis, atomically with the event they follow
+(``coalescer/store/scripts/decide.lua``); see the README, "Superseding policies".
+"""
+
+from __future__ import annotations
+
+from coalescer.policy.rules import Cascade, Policy, PrimaryFailure, Rule, Strategy, load
+
+__all__ = ["Cascade", "Policy", "PrimaryFailure", "Rule", "Strategy", "load"]

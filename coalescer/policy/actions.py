@@ -1,0 +1,278 @@
+"""Carrying out one decision on the queue, idempotently.
+
+Every action starts from the queue's ``status`` of the victim, so repeating it (after a crash,
+or by a second enforcer) does what is left and nothing twice: a run the enforcer already holds
+is claimed again (``claimTask`` by the same worker identity hands back the claim with fresh
+credentials), a run already resolved by the enforcer counts as done, anything else resolved
+counts as ``gone``. The enforcer acts as one worker identity (``--worker-group/--worker-id``),
+shared by every enforcer process, so any of them can finish what another began.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import httpx
+import orjson
+from taskcluster.exceptions import TaskclusterFailure
+
+from coalescer.model import parse_time_ms
+from coalescer.store.policy import Entry
+from coalescer.worker.claims import Claim, Clock, Connection, http_status, utcnow
+from coalescer.worker.protocol import SUPERSEDED_BY, SupersedeAs, superseded_by_json
+from coalescer.worker.resolve import JSON, Superseding, put_artifact
+
+log = logging.getLogger("coalescer.policy")
+
+RESOLVED = frozenset({"completed", "failed", "exception"})
+#: A definition larger than this is kept without its payload for the primary's handoff.
+MAX_DEFINITION_BYTES = 64 << 10
+#: Dependents canceled per victim at most (a cascade is a task graph, not the whole queue).
+MAX_CASCADE = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What became of a victim: its new lineage ``state`` and what to record with it."""
+
+    state: str
+    due_ms: int = 0
+    saved: str = ""  # 'pending' or 'running': count the worker time saved
+    started_ms: int = 0
+    definition: str = ""
+    cascaded: tuple[str, ...] = ()
+
+
+def definition_json(task: Mapping[str, Any]) -> str:
+    data = orjson.dumps(task)
+    if len(data) > MAX_DEFINITION_BYTES:
+        data = orjson.dumps({k: v for k, v in task.items() if k != "payload"} | {"payload": None})
+    return data.decode()
+
+
+class Actions:
+    """The queue calls behind each outbox action. ``queue`` is a ``taskcluster.aio.Queue``
+    with the enforcer's own credentials; ``conn`` builds clients for claims."""
+
+    def __init__(
+        self,
+        queue: Any,
+        conn: Connection,
+        http: httpx.AsyncClient,
+        *,
+        worker_group: str = "coalescer",
+        worker_id: str = "enforcer",
+        supersede_as: SupersedeAs = SupersedeAs.AUTO,
+        clock: Clock = utcnow,
+        reclaim_fraction: float = 1 / 3,
+    ) -> None:
+        self.queue = queue
+        self.conn = conn
+        self.http = http
+        self.me = {"workerGroup": worker_group, "workerId": worker_id}
+        self.superseding = Superseding(supersede_as, queue)
+        self.clock = clock
+        self.fraction = reclaim_fraction
+
+    # -- looking ----------------------------------------------------------------------------
+    def _ours(self, run: Mapping[str, Any]) -> bool:
+        return (run.get("workerGroup"), run.get("workerId")) == (
+            self.me["workerGroup"],
+            self.me["workerId"],
+        )
+
+    async def _latest(self, task_id: str) -> Mapping[str, Any] | None:
+        status = (await self.queue.status(task_id))["status"]
+        runs = status.get("runs") or []
+        return runs[-1] if runs else None
+
+    async def _claim(self, task_id: str) -> Claim | Mapping[str, Any] | None:
+        """Hold the victim's current run: a :class:`Claim`, or the run that prevents it (resolved,
+        or running on a worker), or None for a task with no run yet."""
+        for _ in range(3):
+            run = await self._latest(task_id)
+            if run is None or run["state"] in RESOLVED:
+                return run
+            if run["state"] == "running" and not self._ours(run):
+                return run
+            sent = self.clock()
+            try:
+                response = await self.queue.claimTask(task_id, str(run["runId"]), self.me)
+            except TaskclusterFailure as exc:
+                if http_status(exc) != 409:
+                    raise
+                continue  # taken or resolved meanwhile: look again
+            return Claim(response, self.conn, sent, self.fraction)
+        return await self._latest(task_id)
+
+    def _resolved_by_us(self, run: Mapping[str, Any] | None) -> bool:
+        """A run the enforcer (this action, or an earlier try of it) resolved."""
+        return run is not None and run["state"] in RESOLVED and self._ours(run)
+
+    # -- actions ----------------------------------------------------------------------------
+    async def supersede(self, entry: Entry) -> Result:
+        """Resolve a victim superseded by ``entry.primary``: claim it, cancel its dependents
+        (cascade), upload ``public/superseded-by.json``, resolve it."""
+        got = await self._claim(entry.victim)
+        if not isinstance(got, Claim):
+            if got is not None and got["state"] == "running":
+                return (
+                    await self.cancel(entry, got) if entry.supersede_running else Result("missed")
+                )
+            return Result("superseded" if self._resolved_by_us(got) else "gone")
+        cascaded = await self.cascade(entry) if entry.cascade == "cancel" else ()
+        try:
+            body = superseded_by_json(entry.primary, entry.primary_run)
+            await put_artifact(self.http, got, SUPERSEDED_BY, body)
+            await self.superseding.resolve(got)
+        except (TaskclusterFailure, httpx.HTTPError) as exc:
+            if http_status(exc) == 409:
+                return Result("gone", cascaded=cascaded)
+            log.error("could not supersede %r, releasing it: %s", got, exc)
+            await self._release(got)
+            return Result("released", cascaded=cascaded)
+        log.info("%s superseded by %s (%s)", entry.victim, entry.primary, entry.reason)
+        return Result(
+            "superseded", saved="pending", definition=definition_json(got.task), cascaded=cascaded
+        )
+
+    async def hold(self, entry: Entry) -> Result:
+        """Claim a victim and keep it until its primary ends (``on-primary-failure: release``)."""
+        got = await self._claim(entry.victim)
+        if not isinstance(got, Claim):
+            if got is not None and got["state"] == "running":
+                return (
+                    await self.cancel(entry, got) if entry.supersede_running else Result("missed")
+                )
+            return Result("gone")
+        return Result("held", due_ms=_ms(got.reclaim_at), definition=definition_json(got.task))
+
+    async def renew(self, victim: str) -> Result:
+        """Keep a held victim's claim alive (claim again for fresh credentials, then reclaim)."""
+        got = await self._claim(victim)
+        if not isinstance(got, Claim):
+            return Result("lost")
+        sent = self.clock()
+        try:
+            response = await got.queue.reclaimTask(got.task_id, str(got.run_id))
+        except TaskclusterFailure as exc:
+            if http_status(exc) == 409:
+                return Result("lost")
+            raise
+        got.refresh(response, sent)
+        return Result("held", due_ms=_ms(got.reclaim_at))
+
+    async def release(self, entry: Entry) -> Result:
+        """Give a held victim back (its primary failed): it is retried and runs itself."""
+        run = await self._latest(entry.victim)
+        if run is not None and run["state"] == "running" and self._ours(run):
+            got = await self._claim(entry.victim)
+            if isinstance(got, Claim):
+                await self._release(got)
+        return Result("released")
+
+    async def cancel(self, entry: Entry, run: Mapping[str, Any] | None = None) -> Result:
+        """Cancel a running victim, unless it has run longer than the rule protects. Its worker
+        learns at its next ``reclaimTask`` (409) and stops."""
+        run = run or await self._latest(entry.victim)
+        if run is None or run["state"] in RESOLVED:
+            canceled = run is not None and run.get("reasonResolved") == "canceled"
+            return Result("canceled" if canceled else "gone")
+        if run["state"] == "pending" or self._ours(run):
+            return await self.supersede(dataclasses.replace(entry, supersede_running=False))
+        started = parse_time_ms(run["started"]) if run.get("started") else 0
+        ran = _ms(self.clock()) - started
+        if entry.protect_ms >= 0 and (not started or ran > entry.protect_ms):
+            log.info("not canceling %s: it has run %.0f s", entry.victim, ran / 1000)
+            return Result("protected", started_ms=started)
+        definition = definition_json(await self.queue.task(entry.victim))
+        cascaded = await self.cascade(entry) if entry.cascade == "cancel" else ()
+        await self._link(entry, int(run["runId"]))
+        try:
+            await self.queue.cancelTask(entry.victim)
+        except TaskclusterFailure as exc:
+            if http_status(exc) != 409:
+                raise
+            return Result("gone", cascaded=cascaded)
+        log.info("%s canceled, superseded by %s (%s)", entry.victim, entry.primary, entry.reason)
+        return Result(
+            "canceled",
+            saved="running",
+            started_ms=started,
+            definition=definition,
+            cascaded=cascaded,
+        )
+
+    async def cascade(self, entry: Entry) -> tuple[str, ...]:
+        """Cancel every unresolved task that depends on the victim, transitively, the deepest
+        first: canceling a task resolves it, which would schedule its ``all-resolved``
+        dependents if they were still waiting."""
+        found: list[tuple[str, str]] = []
+        seen = {entry.victim}
+        todo = [entry.victim]
+        while todo and len(seen) < MAX_CASCADE:
+            parent = todo.pop(0)
+            token: str | None = None
+            while True:
+                query = {"continuationToken": token} if token else {}
+                page = await self.queue.listDependentTasks(parent, query=query)
+                for item in page.get("tasks", []):
+                    task_id = item["status"]["taskId"]
+                    if task_id not in seen:
+                        seen.add(task_id)
+                        todo.append(task_id)
+                        found.append((task_id, item["status"]["state"]))
+                token = page.get("continuationToken")
+                if not token:
+                    break
+        canceled: list[str] = []
+        for task_id, state in reversed(found):
+            if state in RESOLVED:
+                continue
+            try:
+                await self.queue.cancelTask(task_id)
+                canceled.append(task_id)
+            except TaskclusterFailure as exc:
+                if http_status(exc) != 409:  # past its deadline: resolved anyway
+                    raise
+        if canceled:
+            log.info("canceled %d dependents of %s", len(canceled), entry.victim)
+        return tuple(canceled)
+
+    # -- helpers ----------------------------------------------------------------------------
+    async def _release(self, claim: Claim) -> None:
+        try:
+            await claim.queue.reportException(
+                claim.task_id, str(claim.run_id), {"reason": "worker-shutdown"}
+            )
+        except TaskclusterFailure as exc:
+            if http_status(exc) != 409:
+                raise
+
+    async def _link(self, entry: Entry, run_id: int) -> None:
+        """``public/superseded-by.json`` on a run another worker holds, with the enforcer's own
+        credentials (``queue:create-artifact:<taskId>/<runId>``); best effort."""
+        task = await self.queue.task(entry.victim)
+        try:
+            created = await self.queue.createArtifact(
+                entry.victim,
+                str(run_id),
+                SUPERSEDED_BY,
+                {"storageType": "s3", "expires": task["expires"], "contentType": JSON},
+            )
+            response = await self.http.put(
+                created["putUrl"],
+                content=superseded_by_json(entry.primary, entry.primary_run),
+                headers={"content-type": JSON},
+            )
+            response.raise_for_status()
+        except (TaskclusterFailure, httpx.HTTPError) as exc:
+            log.warning("no %s on %s/%d: %s", SUPERSEDED_BY, entry.victim, run_id, exc)
+
+
+def _ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)

@@ -1,0 +1,140 @@
+"""``coalescer enforce`` (carry out superseding decisions) and ``coalescer policy check``.
+
+``enforce`` needs ``REDIS_URL`` and the queue: ``TASKCLUSTER_ROOT_URL``,
+``TASKCLUSTER_CLIENT_ID`` and ``TASKCLUSTER_ACCESS_TOKEN``. Stops cleanly on SIGTERM/SIGINT
+(between entries); a kill at any moment is safe too (see :mod:`coalescer.policy.enforcer`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from coalescer.errors import ConfigError
+from coalescer.settings import Settings
+from coalescer.worker.protocol import SupersedeAs
+
+log = logging.getLogger("coalescer.policy")
+
+
+def register(sub: Any) -> None:
+    """Add ``enforce`` and ``policy`` to the ``coalescer`` command's subparsers."""
+    p = sub.add_parser(
+        "enforce",
+        help="carry out superseding decisions (COALESCER_POLICY_FILE) on the queue",
+        description="Consume the outboxes of keys whose policy rule supersedes on arrival: "
+        "claim and resolve superseded pending tasks, cancel superseded running ones, cancel "
+        "their dependents. Run one or more (they split the keys).",
+    )
+    p.add_argument("--consumer", help="this enforcer's name (default host-pid)")
+    p.add_argument("--worker-group", default="coalescer", help="the queue identity it claims as")
+    p.add_argument("--worker-id", default="enforcer")
+    p.add_argument(
+        "--resolve-superseded-as",
+        choices=[m.value for m in SupersedeAs],
+        default=SupersedeAs.AUTO.value,
+        help="auto: exception/superseded, or completed where the queue rejects it",
+    )
+    p.add_argument("--lease", type=float, default=60.0, metavar="S", help="key lease (60 s)")
+    p.add_argument("--poll", type=float, default=1.0, metavar="S", help="idle wait (1 s)")
+    p.add_argument("--tick", type=float, default=10.0, metavar="S", help="re-evaluate (10 s)")
+    p.add_argument("--concurrency", type=int, default=8, metavar="N", help="keys at once (8)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve /metrics here")
+    p.set_defaults(handler=_enforce)
+
+    check = sub.add_parser("policy", help="superseding policy tools")
+    tools = check.add_subparsers(dest="policy_command", required=True, metavar="TOOL")
+    c = tools.add_parser("check", help="validate a policy file and show its rules")
+    c.add_argument("file")
+    c.add_argument("--key", action="append", default=[], help="show which rule a key gets")
+    c.set_defaults(handler=_check)
+
+
+def _check(args: argparse.Namespace, settings: Settings) -> int:
+    from coalescer.policy.rules import describe, load
+
+    policy = load(args.file)
+    for line in describe(policy) or ["no rules: every key keeps on-claim"]:
+        print(line)
+    for key in args.key:
+        rule = policy.rule_for(key)
+        print(f"{key}: {rule.name} ({rule.strategy})")
+    return 0
+
+
+def _enforce(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.policy is None or not settings.policy.decides:
+        # A Procfile process that exits takes its siblings down with it: idle instead.
+        log.warning("no rule in COALESCER_POLICY_FILE decides on arrival: nothing to enforce")
+        return asyncio.run(_idle())
+    if settings.redis_url is None:
+        raise ConfigError("REDIS_URL is not set: the enforcer reads the shared index's outboxes")
+    if settings.taskcluster_root_url is None:
+        raise ConfigError("TASKCLUSTER_ROOT_URL is not set: say which queue to act on")
+    return asyncio.run(_enforce_async(args, settings))
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
+async def _idle() -> int:
+    await _stop_event().wait()
+    return 0
+
+
+async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
+    import aiohttp
+    import httpx
+    import taskcluster
+    import taskcluster.aio
+
+    from coalescer.policy.actions import Actions
+    from coalescer.policy.enforcer import Enforcer
+    from coalescer.store import open_store
+    from coalescer.worker.claims import Connection
+
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
+    stop = _stop_event()
+    options = taskcluster.optionsFromEnvironment()
+    options["rootUrl"] = settings.taskcluster_root_url
+    store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)
+    try:
+        async with aiohttp.ClientSession() as session, httpx.AsyncClient() as http:
+            conn = Connection(settings.taskcluster_root_url or "", session)
+            queue = taskcluster.aio.Queue(options | {"maxRetries": 5}, session=session)
+            actions = Actions(
+                queue,
+                conn,
+                http,
+                worker_group=args.worker_group,
+                worker_id=args.worker_id,
+                supersede_as=SupersedeAs(args.resolve_superseded_as),
+            )
+            enforcer = Enforcer(
+                store,
+                actions,
+                policy=settings.policy,
+                consumer=args.consumer,
+                lease_ms=int(args.lease * 1000),
+                poll=args.poll,
+                tick=args.tick,
+                concurrency=args.concurrency,
+            )
+            log.info("enforcing as %s", enforcer.consumer)
+            await enforcer.run(stop)
+    finally:
+        await store.close()
+    print("enforcer stopped", file=sys.stderr)
+    return 0

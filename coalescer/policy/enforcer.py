@@ -1,0 +1,237 @@
+"""``coalescer enforce``: carries out the decisions in the keys' outboxes.
+
+One round: list the keys that may have work (``co:outbox``); for each, take the key's lease
+(one enforcer per key at a time, so a key's decisions are carried out in order), read its
+outbox through the consumer group — first every entry still pending (a dead enforcer's
+included), then new ones — carry each out, record the result and acknowledge the entry in one
+atomic step, then renew the claims on held victims. Any number of enforcers can run: they split
+the keys. A killed enforcer's entries stay pending in the group and are taken over once its
+lease expires; every action is idempotent, so finishing a half-done one is harmless.
+
+Every ``tick`` seconds the enforcer also re-evaluates every deciding key without an event: age
+thresholds become due with time, and events can be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import Counter
+from taskcluster.exceptions import TaskclusterFailure
+
+from coalescer.errors import StoreUnavailable
+from coalescer.policy.actions import Actions, Result
+from coalescer.policy.rules import Policy
+from coalescer.store import Store
+from coalescer.store import lineage as records
+from coalescer.store import policy as outbox
+from coalescer.worker.claims import Clock, utcnow
+
+log = logging.getLogger("coalescer.policy")
+
+ACTIONS = Counter(
+    "coalescer_enforcer_actions",
+    "Superseding decisions this enforcer carried out, by key, rule and result",
+    ["key", "rule", "result"],
+)
+SAVED = Counter(
+    "coalescer_enforcer_saved_seconds",
+    "Worker time this enforcer saved (estimated from the key's recent run durations)",
+    ["key", "rule"],
+)
+#: Lineage states from which each kind of entry may move a victim.
+_INITIAL = ("decided",)
+_SETTLING = ("settling",)
+#: States of a primary that is itself being replaced.
+_REPLACED = ("decided", "settling", "held", "superseded", "canceled")
+
+
+def default_consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Enforcer:
+    """Consumes outboxes until stopped. ``clock`` is the queue's time (tests drive it)."""
+
+    def __init__(
+        self,
+        store: Store,
+        actions: Actions,
+        *,
+        policy: Policy | None = None,
+        consumer: str | None = None,
+        lease_ms: int = 60_000,
+        poll: float = 1.0,
+        tick: float = 10.0,
+        concurrency: int = 8,
+        clock: Clock = utcnow,
+    ) -> None:
+        self.store = store
+        self.actions = actions
+        self.policy = policy
+        self.consumer = consumer or default_consumer()
+        self.lease_ms = lease_ms
+        self.poll = poll
+        self.tick_every = tick
+        self.clock = clock
+        self._bound = asyncio.Semaphore(max(1, concurrency))
+        self._next_tick = 0.0
+
+    def _now_ms(self) -> int:
+        return int(self.clock().timestamp() * 1000)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds until ``stop`` is set; a round that found nothing waits ``poll`` seconds."""
+        while not stop.is_set():
+            try:
+                done = await self.round()
+            except StoreUnavailable as exc:
+                log.warning("store unavailable, retrying: %s", exc)
+                done = 0
+            if not done:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll)
+
+    async def round(self) -> int:
+        """One pass over every key with work; returns how many entries and renewals it did."""
+        loop = asyncio.get_running_loop()
+        if self.policy is not None and self.policy.decides and loop.time() >= self._next_tick:
+            self._next_tick = loop.time() + self.tick_every
+            await self.tick()
+        listed = await outbox.work(self.store)
+        counts = await outbox.outstanding(self.store, [k for k, _ in listed])
+        busy = []
+        for key, seen in listed:
+            if counts[key] == (0, 0):
+                await outbox.idle(self.store, key, seen)
+            else:
+                busy.append(key)
+        done = await asyncio.gather(*(self._bounded(self.key_round(k)) for k in busy))
+        return sum(done)
+
+    async def tick(self) -> int:
+        """Re-evaluate every deciding key without an event."""
+        assert self.policy is not None
+        rules = {}
+        for key, _ in await self.store.keys():
+            args = self.policy.script_args(key)
+            if args is not None:
+                rules[key] = args
+        made = await outbox.tick(self.store, rules, now_ms=self._now_ms())
+        return sum(made.values())
+
+    async def _bounded(self, work: Awaitable[int]) -> int:
+        async with self._bound:
+            return await work
+
+    async def key_round(self, key: str) -> int:
+        """Carry out ``key``'s outbox in order, then renew its held claims, under its lease."""
+        if not await outbox.lease(self.store, key, "acquire", self.consumer, self.lease_ms):
+            return 0
+        done = 0
+        try:
+            for entry in await outbox.read(self.store, key, self.consumer):
+                await self.handle(entry)
+                done += 1
+                if not await outbox.lease(self.store, key, "renew", self.consumer, self.lease_ms):
+                    return done  # too slow: another enforcer owns the key now
+            for victim in await outbox.held_due(self.store, key, self._now_ms()):
+                await self._renew(key, victim)
+                done += 1
+        except (TaskclusterFailure, OSError) as exc:
+            # The queue is unreachable or refused: the entry stays pending, retried next round.
+            log.warning("enforcing %s stopped for this round: %s", key, exc)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            # A bug must not stop the other keys; this entry stays pending and is retried.
+            log.exception("enforcing %s failed; retrying next round", key)
+        finally:
+            with contextlib.suppress(StoreUnavailable):
+                await outbox.lease(self.store, key, "release", self.consumer, 0)
+        return done
+
+    async def handle(self, entry: outbox.Entry) -> Result | None:
+        """Carry out one entry and settle it; None when it was stale (only acknowledged)."""
+        current = await records.decision(self.store, entry.key, entry.victim)
+        if current is None or current.run != entry.run or current.action != entry.action:
+            stale = True
+        elif current.state in _INITIAL:
+            stale = current.by != entry.primary  # decided anew since (after a release)
+        else:
+            stale = current.state not in _SETTLING
+        if stale or current is None:
+            await outbox.ack(self.store, entry.key, entry.id)
+            return None
+        if current.state in _INITIAL:
+            entry = await self._final(entry)
+        act: dict[str, Callable[[outbox.Entry], Awaitable[Result]]] = {
+            "supersede": self.actions.supersede,
+            "hold": self.actions.hold,
+            "cancel": self.actions.cancel,
+            "release": self.actions.release,
+        }
+        if entry.action not in act:
+            log.error("unknown outbox action %r for %s: skipped", entry.action, entry.victim)
+            result = Result("gone")
+        else:
+            result = await act[entry.action](entry)
+        changed, saved = await outbox.settle(
+            self.store,
+            entry.key,
+            entry.victim,
+            expected=[current.state],
+            new=result.state,
+            now_ms=self._now_ms(),
+            rule=entry.rule,
+            entry_id=entry.id,
+            due_ms=result.due_ms,
+            saved=result.saved,
+            started_ms=result.started_ms,
+            definition=result.definition,
+            cascaded=result.cascaded,
+        )
+        if not changed and result.state == "held":
+            # The decision moved on while we claimed (cannot happen under the lease, unless it
+            # expired mid-action): give the run back rather than keep it forever.
+            await self.actions.release(entry)
+        if changed:
+            ACTIONS.labels(entry.key, entry.rule, result.state).inc()
+            if saved:
+                SAVED.labels(entry.key, entry.rule).inc(saved / 1000)
+        return result
+
+    async def _final(self, entry: outbox.Entry) -> outbox.Entry:
+        """``entry`` with the end of its primary's chain as the primary: when ``B`` (which
+        superseded ``A``) has been superseded by ``C`` meanwhile, ``A``'s superseded-by.json
+        names ``C``, whose result will stand for both. The lineage keeps ``A`` by ``B``."""
+        seen = {entry.victim}
+        while entry.primary not in seen and len(seen) < 16:
+            seen.add(entry.primary)
+            above = await records.decision(self.store, entry.key, entry.primary)
+            if above is None or above.run != entry.primary_run or above.state not in _REPLACED:
+                break
+            entry = dataclasses.replace(entry, primary=above.by, primary_run=above.by_run)
+        return entry
+
+    async def _renew(self, key: str, victim: str) -> None:
+        current = await records.decision(self.store, key, victim)
+        if current is None or current.state != "held":
+            return
+        result = await self.actions.renew(victim)
+        await outbox.settle(
+            self.store,
+            key,
+            victim,
+            expected=["held"],
+            new=result.state,
+            now_ms=self._now_ms(),
+            rule=current.rule,
+            due_ms=result.due_ms,
+        )

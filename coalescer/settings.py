@@ -1,0 +1,137 @@
+"""Settings, read from the environment (12-factor) into one frozen dataclass.
+
+Heroku's names are kept (``PORT``, ``REDIS_URL``); ours are prefixed ``COALESCER_``.
+Nothing is read at import time: call :meth:`Settings.from_environ`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from coalescer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from coalescer.policy.rules import Policy
+
+
+class Secret:
+    """A string that never prints itself."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def redact_url(url: str) -> str:
+    """``redis://user:pw@host`` → ``redis://user:***@host``, for logs."""
+    return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    route_prefix: str = "coalesce.v1"
+    rank_tag: str | None = None
+    max_list: int = 32
+    grace_seconds: int = 3600
+    ingest_token: Secret | None = None
+    max_body_bytes: int = 1 << 20
+    taskcluster_root_url: str | None = None
+    pulse_url: Secret | None = None
+    pulse_queue: str | None = None
+    pulse_prefetch: int = 64
+    pulse_max_length: int = 1_000_000
+    log_level: str = "INFO"
+    log_json: bool = True
+    #: ``COALESCER_POLICY_FILE``, read and validated at start (see coalescer.policy.rules)
+    policy_file: str | None = None
+    policy: Policy | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            value = env.get(name)
+            return value if value not in (None, "") else None
+
+        def integer(name: str, default: int, minimum: int = 0) -> int:
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
+            if value < minimum:
+                raise ConfigError(f"{name} must be at least {minimum}, not {value}")
+            return value
+
+        prefix = get("COALESCER_ROUTE_PREFIX") or cls.route_prefix
+        if not _PREFIX_RE.match(prefix):
+            raise ConfigError(f"COALESCER_ROUTE_PREFIX {prefix!r} is not a dotted route prefix")
+        token = get("COALESCER_INGEST_TOKEN")
+        pulse = get("PULSE_URL")
+        if pulse is not None and not pulse.startswith(("amqp://", "amqps://")):
+            raise ConfigError("PULSE_URL must start with amqp:// or amqps://")
+        values: dict[str, Any] = dict(
+            redis_url=_redis_url(get("REDIS_URL"), get("COALESCER_REDIS_TLS_VERIFY")),
+            host=get("COALESCER_HOST") or cls.host,
+            port=integer("PORT", cls.port, 0),
+            route_prefix=prefix,
+            rank_tag=get("COALESCER_RANK_TAG"),
+            max_list=integer("COALESCER_MAX_LIST", cls.max_list, 1),
+            grace_seconds=integer("COALESCER_GRACE_SECONDS", cls.grace_seconds, 0),
+            ingest_token=Secret(token) if token else None,
+            max_body_bytes=integer("COALESCER_MAX_BODY_BYTES", cls.max_body_bytes, 1024),
+            taskcluster_root_url=(get("TASKCLUSTER_ROOT_URL") or "").rstrip("/") or None,
+            pulse_url=Secret(pulse) if pulse else None,
+            pulse_queue=get("PULSE_QUEUE"),
+            pulse_prefetch=integer("COALESCER_PULSE_PREFETCH", cls.pulse_prefetch, 1),
+            pulse_max_length=integer("COALESCER_PULSE_MAX_LENGTH", cls.pulse_max_length, 1),
+            log_level=(get("COALESCER_LOG_LEVEL") or cls.log_level).upper(),
+            log_json=(get("COALESCER_LOG_FORMAT") or "json") == "json",
+            policy_file=get("COALESCER_POLICY_FILE"),
+        )
+        if values["policy_file"] is not None:
+            from coalescer.policy.rules import load
+
+            values["policy"] = load(values["policy_file"])
+        return cls(**values)
+
+
+def _redis_url(url: str | None, verify: str | None) -> str | None:
+    """``REDIS_URL``, told not to verify the server's certificate when
+    ``COALESCER_REDIS_TLS_VERIFY=false`` (Heroku Redis: TLS with a self-signed certificate, and
+    a URL the add-on sets)."""
+    if verify is None or verify.lower() in ("1", "true", "yes"):
+        return url
+    if verify.lower() not in ("0", "false", "no"):
+        raise ConfigError(f"COALESCER_REDIS_TLS_VERIFY must be true or false, not {verify!r}")
+    if url is None or not url.startswith("rediss://") or "ssl_cert_reqs=" in url:
+        return url
+    return url + ("&" if "?" in url else "?") + "ssl_cert_reqs=none"

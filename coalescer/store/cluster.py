@@ -1,0 +1,82 @@
+"""Pipelines over a Redis Cluster.
+
+redis-py refuses scripts in its cluster pipelines, and this store writes through scripts. A
+:class:`ClusterPipeline` queues commands like a pipeline, then sends each node its own commands,
+in their order, in one round trip per node, every node at once. Every script touches keys of one
+hash slot only (see ``keys.py``), so each runs whole on the node that owns its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+
+class NodeClients:
+    """One plain client per cluster node, with the credentials of ``REDIS_URL``."""
+
+    def __init__(self, redis_url: str) -> None:
+        parts = urlparse(redis_url)
+        self._username = unquote(parts.username) if parts.username else None
+        self._password = unquote(parts.password) if parts.password else None
+        self._ssl = parts.scheme == "rediss"
+        self._clients: dict[str, aioredis.Redis] = {}
+
+    def get(self, node: ClusterNode) -> aioredis.Redis:
+        if node.name not in self._clients:
+            self._clients[node.name] = aioredis.Redis(
+                host=node.host,
+                port=int(node.port),
+                username=self._username,
+                password=self._password,
+                ssl=self._ssl,
+                socket_connect_timeout=5,
+                socket_timeout=10,
+            )
+        return self._clients[node.name]
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+
+class ClusterPipeline:
+    """Queue commands as on a redis-py pipeline; :meth:`execute` returns results in order."""
+
+    def __init__(self, cluster: RedisCluster, nodes: NodeClients) -> None:
+        self._cluster = cluster
+        self._nodes = nodes
+        self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def queue(*args: Any, **kwargs: Any) -> None:
+            self._calls.append((name, args, kwargs))
+
+        return queue
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        await self._cluster.initialize()
+        by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
+        for i, (name, args, _) in enumerate(self._calls):
+            key = args[2] if name in ("evalsha", "eval") else args[0]
+            node = self._cluster.get_node_from_key(key.decode() if isinstance(key, bytes) else key)
+            assert node is not None
+            by_node.setdefault(node.name, (node, []))[1].append(i)
+
+        async def run(node: ClusterNode, indexes: list[int]) -> tuple[list[int], list[Any]]:
+            pipe = self._nodes.get(node).pipeline(transaction=False)
+            for i in indexes:
+                name, args, kwargs = self._calls[i]
+                getattr(pipe, name)(*args, **kwargs)
+            return indexes, await pipe.execute(raise_on_error=raise_on_error)
+
+        results: list[Any] = [None] * len(self._calls)
+        for indexes, replies in await asyncio.gather(*(run(n, ix) for n, ix in by_node.values())):
+            for i, reply in zip(indexes, replies, strict=True):
+                results[i] = reply
+        return results

@@ -1,0 +1,105 @@
+"""Reading superseding lineage: the decisions ``decide.lua`` recorded, by victim and by
+primary, the definitions the enforcer kept, and the per-key counters. See
+:mod:`coalescer.store.keys` for the layout and :mod:`coalescer.store.policy` for the writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from coalescer.store import keys
+
+if TYPE_CHECKING:
+    from coalescer.store.redis import Store
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """What superseded one task run: ``by`` (its run ``by_run``), when, under which rule, why,
+    and how far carrying it out got (``state``)."""
+
+    key: str
+    task_id: str
+    run: int
+    by: str
+    by_run: int
+    at_ms: int
+    rule: str
+    state: str
+    action: str
+    reason: str
+
+
+def parse_decision(key: str, task_id: str, record: str) -> Decision:
+    run, by, by_run, at, rule, state, action, reason = record.split("|", 7)
+    return Decision(key, task_id, int(run), by, int(by_run), int(at), rule, state, action, reason)
+
+
+async def decision(store: Store, key: str, victim: str) -> Decision | None:
+    (raw,) = await store._pipeline(lambda pipe: pipe.hget(keys.policy(key)[0], victim))
+    return None if raw is None else parse_decision(key, victim, _text(raw))
+
+
+async def lineage(
+    store: Store, names: Sequence[str], task_id: str
+) -> tuple[list[Decision], list[Decision]]:
+    """Under ``names``: the decisions that superseded ``task_id``, and those it took as the
+    primary (what it superseded), in one round trip per step."""
+    if not names:
+        return [], []
+
+    def fill(pipe: Any) -> None:
+        for key in names:
+            v, vp, *_ = keys.policy(key)
+            pipe.hget(v, task_id)
+            pipe.zrangebylex(vp, f"[{task_id}|", f"[{task_id}|\xff")
+
+    raw = await store._pipeline(fill)
+    mine = [
+        parse_decision(k, task_id, _text(raw[2 * i]))
+        for i, k in enumerate(names)
+        if raw[2 * i] is not None
+    ]
+    wanted = [
+        (k, [_text(m).split("|", 1)[1] for m in raw[2 * i + 1]])
+        for i, k in enumerate(names)
+        if raw[2 * i + 1]
+    ]
+    theirs: list[Decision] = []
+    if wanted:
+        replies = await store._pipeline(
+            lambda pipe: [pipe.hmget(keys.policy(k)[0], ids) for k, ids in wanted]
+        )
+        for (key, ids), records in zip(wanted, replies, strict=True):
+            theirs += [
+                parse_decision(key, victim, _text(rec))
+                for victim, rec in zip(ids, records, strict=True)
+                if rec is not None
+            ]
+    theirs.sort(key=lambda d: (d.at_ms, d.task_id))
+    return mine, theirs
+
+
+async def definitions(store: Store, key: str, task_ids: Sequence[str]) -> dict[str, str]:
+    """The task definitions (JSON) the enforcer kept for victims, by taskId."""
+    if not task_ids:
+        return {}
+    df = keys.settled(key)[7]
+    (raw,) = await store._pipeline(lambda pipe: pipe.hmget(df, list(task_ids)))
+    return {t: _text(d) for t, d in zip(task_ids, raw, strict=True) if d is not None}
+
+
+async def counters(store: Store, names: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per key, its ``<rule>|<state>`` and ``<rule>|saved_ms`` counters."""
+    if not names:
+        return {}
+    raw = await store._pipeline(lambda pipe: [pipe.hgetall(keys.policy(k)[7]) for k in names])
+    return {
+        k: {_text(f): int(_text(n)) for f, n in r.items()} for k, r in zip(names, raw, strict=True)
+    }

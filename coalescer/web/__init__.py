@@ -1,0 +1,1 @@
+"""The HTTP edge: the superseding API, ingest, operations endpoints and browser pages."""

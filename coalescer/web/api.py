@@ -1,0 +1,223 @@
+"""The superseding API (native and tc-coalesce's) and the operations endpoints."""
+
+from __future__ import annotations
+
+import re
+import time
+from urllib.parse import parse_qsl
+
+import orjson
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import request_response
+from starlette.types import Receive, Scope, Send
+
+from coalescer import __version__, model
+from coalescer.errors import InvalidInput
+from coalescer.store import Store
+from coalescer.web import pages
+from coalescer.web.responses import JSON, wants_html
+from coalescer.web.tracing import RequestId
+
+STARTED = time.time()
+
+
+class KeyPath(Convertor[str]):
+    """A URL path that can name a coalescing key: anything but the reserved paths (``/v1/``,
+    ``/__*__``, ``/metrics``, ``/openapi.json``, ``/static/``, ``/favicon.ico``)."""
+
+    regex = (
+        r"(?!v1(?:/|$)|__|static(?:/|$)|metrics(?:/|$)|openapi\.json$|favicon\.ico$|tasks/)[^?#]+"
+    )
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("keypath", KeyPath())
+KEY_PATH = re.compile(KeyPath.regex)
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def _whole_number(name: str, raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    # isascii: str.isdigit() also takes "²" and other digits int() refuses (a 500, found by
+    # fuzzing).
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+        raise InvalidInput(f"query parameter {name!r} must be a non-negative whole number")
+    return int(raw)
+
+
+def _query(query_string: bytes) -> dict[str, str]:
+    """Query parameters; the common case (plain ASCII, no escapes) without urllib's cost."""
+    text = query_string.decode("latin-1")
+    if "%" in text or "+" in text:
+        return dict(parse_qsl(text, keep_blank_values=True))
+    return dict(part.partition("=")[::2] for part in text.split("&") if part)
+
+
+class KeyEndpoint:
+    """``GET /<key-path>?taskId=`` → ``{"supersedes": [...]}``, oldest first (seed 000).
+
+    A plain ASGI endpoint: it is the service's hot path, so it skips building a Request and a
+    Response. Without ``taskId`` it serves the key's pending tasks, as JSON or as a page.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await self.answer(scope)
+        if body is None:
+            await _key_listing(scope, receive, send)
+        else:
+            await send_json(send, body)
+
+    async def answer(self, scope: Scope) -> bytes | None:
+        """The JSON answer to a superseding query, or ``None`` when ``scope`` asks for the
+        key's listing (no ``taskId``). Raises :class:`InvalidInput` for bad input."""
+        started = time.perf_counter()  # for the latency histogram, observed at flush
+        params = _query(scope["query_string"])
+        task_id = params.get("taskId")
+        if task_id is None:
+            return None
+        state = scope["app"].state
+        key = model.key_from_path(scope["path_params"]["path"])
+        model.check_task_id(task_id)
+        age = _whole_number("age", params.get("age"))
+        size = _whole_number("size", params.get("size"))
+        cap = state.settings.max_list
+        now_ms = int(time.time() * 1000)
+        snap = await state.store.snapshot(key, task_id, now_ms=now_ms, cap=cap)
+        answer, reason = model.supersedes(task_id, snap, now_ms=now_ms, age=age, size=size, cap=cap)
+        state.observer.answer(key, task_id, answer, reason, now_ms, started)
+        return orjson.dumps({"supersedes": answer})
+
+
+async def send_json(send: Send, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _listing(request: Request) -> Response:
+    key = model.key_from_path(request.path_params["path"])
+    for name in ("age", "size"):  # meaningless here, but malformed is still a client error
+        _whole_number(name, request.query_params.get(name))
+    if wants_html(request):
+        return await pages.key_page(request, key)
+    tasks = await _store(request).pending(key, now_ms=int(time.time() * 1000))
+    return JSON(
+        {
+            "key": key,
+            "pending": [
+                {
+                    "taskId": t.task_id,
+                    "runId": t.run_id,
+                    "order": t.order,
+                    "pendingSince": t.since_ms / 1000,
+                    "deadline": t.deadline_ms / 1000,
+                }
+                for t in tasks
+            ],
+        }
+    )
+
+
+# Off the query path: a request id and a log line, as the other routes (see tracing).
+_key_listing = RequestId(request_response(_listing))
+
+
+async def not_found(request: Request) -> Response:
+    # Raised, so that the app's handler answers a browser with a page and counts it.
+    raise HTTPException(404, f"no such endpoint: {request.url.path}")
+
+
+async def compat_list(request: Request) -> Response:
+    """tc-coalesce's ``GET /v1/list/<age>/<size>/<key>``: newest first, ``[]`` below thresholds."""
+    key = model.check_key(request.path_params["key"])
+    now_ms = int(time.time() * 1000)
+    snap = await _store(request).snapshot(key, "", now_ms=now_ms, cap=-1)
+    answer = model.compat_list(
+        snap, now_ms=now_ms, age=request.path_params["age"], size=request.path_params["size"]
+    )
+    return JSON({"supersedes": answer})
+
+
+async def compat_list_all(request: Request) -> Response:
+    """tc-coalesce's ``GET /v1/list/<key>``: every pending task, newest first."""
+    key = model.check_key(request.path_params["key"])
+    snap = await _store(request).snapshot(key, "", now_ms=int(time.time() * 1000), cap=-1)
+    return JSON({"supersedes": snap.newest})
+
+
+async def compat_keys(request: Request) -> Response:
+    """tc-coalesce's ``GET /v1/list``: ``{"<prefix>.": [keys]}`` of keys with pending tasks."""
+    prefix = request.app.state.settings.route_prefix + "."
+    return JSON({prefix: await active_keys(_store(request))})
+
+
+async def active_keys(store: Store) -> list[str]:
+    counts = await store.pending_counts([k for k, _ in await store.keys()])
+    return [key for key, n in counts.items() if n]
+
+
+async def compat_stats(request: Request) -> Response:
+    """tc-coalesce's ``GET /v1/stats``: string counters, plus ours."""
+    store = _store(request)
+    stats = await store.stats()
+    counts = await store.pending_counts([k for k, _ in await store.keys()])
+    stats["pending_count"] = str(sum(counts.values()))
+    stats["coalesced_lists"] = str(sum(1 for n in counts.values() if n))
+    stats.setdefault("total_msgs_handled", "0")
+    return JSON(stats)
+
+
+async def ping(request: Request) -> Response:
+    return JSON({"alive": True, "uptime": time.time() - STARTED})
+
+
+async def heartbeat(request: Request) -> Response:
+    """Dockerflow: 200 when Redis answers, 503 otherwise."""
+    store = _store(request)
+    try:
+        await store.ping()
+    except Exception as exc:  # any failure means unhealthy; say which
+        return JSON({"status": "error", "checks": {"redis": "error"}, "details": str(exc)}, 503)
+    return JSON(
+        {
+            "status": "ok",
+            "checks": {"redis": "ok"},
+            "store": "embedded" if store.embedded else "redis",
+        }
+    )
+
+
+async def lbheartbeat(request: Request) -> Response:
+    return JSON({"status": "ok"})
+
+
+async def version(request: Request) -> Response:
+    return JSON(
+        {
+            "name": "coalescer",
+            "version": __version__,
+            "source": "coalescer",
+            "commit": request.app.state.commit,
+        }
+    )

@@ -1,0 +1,215 @@
+"""``create_app(settings, store=None)``: the Starlette application.
+
+With ``store`` given (tests), the app uses it as is; otherwise the lifespan opens the store
+named by ``settings.redis_url`` (embedded when unset) and closes it on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from coalescer import logs
+from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreUnavailable
+from coalescer.observe import HTTP_ERRORS, STORE_ERRORS, Observer, exposition
+from coalescer.settings import Settings
+from coalescer.store import Store, open_store
+from coalescer.web import api, lineage, pages, tracing
+from coalescer.web.ingest import post_events
+from coalescer.web.openapi import openapi
+from coalescer.web.responses import error, wants_html
+from coalescer.web.tracing import TRACED
+
+log = logging.getLogger(__name__)
+#: Allocations between collections of the youngest generation (measured in bench/query.py:
+#: about 10% more queries per second than the default 700 on this service's query path).
+GC_THRESHOLD = 50_000
+
+
+def _error(request: Request, status: int, message: str) -> Response:
+    """An error as JSON, or as a page for a browser; counted (errors only: off the hot path)."""
+    HTTP_ERRORS.labels(str(status)).inc()
+    if wants_html(request):
+        return pages.error_page(request, status, message)
+    return error(status, message)
+
+
+async def _invalid(request: Request, exc: Exception) -> Response:
+    return _error(request, 400, str(exc))
+
+
+async def _auth(request: Request, exc: Exception) -> Response:
+    return _error(request, 403 if isinstance(exc, IngestDisabled) else 401, str(exc))
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    STORE_ERRORS.inc()
+    log.error("store unavailable: %s", exc)
+    return _error(request, 503, "the index store (Redis) is unavailable; retry shortly")
+
+
+async def _http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = exc.detail
+    # Starlette's own (unmatched path, wrong method) say only "Not Found": say what.
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"no such endpoint: {request.url.path!r}"
+    elif exc.status_code == 405 and message == "Method Not Allowed":
+        message = f"{request.method} is not allowed on {request.url.path!r}"
+    return _error(request, exc.status_code, message)
+
+
+async def _crash(request: Request, exc: Exception) -> Response:
+    rid = tracing.request_id(request.scope)
+    log.exception(
+        "unhandled error on %s %s", request.method, request.url.path, extra={"request_id": rid}
+    )
+    HTTP_ERRORS.labels("500").inc()
+    response = error(500, f"internal error (request {rid}); the service log has the details")
+    response.headers["x-request-id"] = rid
+    return response
+
+
+async def _metrics(request: Request) -> Response:
+    body = await exposition(request.app.state.store)
+    body += await lineage.exposition(request)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+class App(Starlette):
+    """Starlette, with the superseding query served before the middleware stack.
+
+    The query suspends once (its Redis round trip), and resuming a coroutine resumes every
+    frame below it: skipping the error middleware and the router saves about a quarter of the
+    query's own CPU time (bench/query.py). Anything unusual, including every error, goes
+    through the full stack, which handles it as for any route.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._query = api.KeyEndpoint()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "GET"
+            and b"taskId=" in scope["query_string"]
+            and api.KEY_PATH.fullmatch(path := scope["path"][1:])
+        ):
+            scope["app"] = self
+            scope["path_params"] = {"path": path}
+            try:
+                body = await self._query.answer(scope)
+            except Exception as exc:
+                await self._error(scope, receive, send, exc)
+                return
+            if body is not None:
+                await api.send_json(send, body)
+                return
+        await super().__call__(scope, receive, send)
+
+    async def _error(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
+        """Answer ``exc`` with the same handler the middleware stack would pick."""
+        handler = next(
+            self.exception_handlers[cls]
+            for cls in type(exc).__mro__
+            if cls in self.exception_handlers
+        )
+        response = await handler(Request(scope, receive), exc)
+        await response(scope, receive, send)
+
+
+def _traced(path: str, endpoint: Callable[..., Any], *methods: str) -> Route:
+    return Route(path, endpoint, methods=list(methods or ("GET",)), middleware=TRACED)
+
+
+def create_app(settings: Settings, store: Store | None = None) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        own = store is None
+        app.state.store = store or await open_store(
+            settings.redis_url, grace_seconds=settings.grace_seconds
+        )
+        app.state.observer = Observer(app.state.store)
+        logs.adopt_uvicorn()
+        flusher = asyncio.create_task(_flush_forever(app.state.observer))
+        listener = None
+        if settings.pulse_url is not None and settings.redis_url is None:
+            # Embedded store: the Pulse consumer must live in this process to share it.
+            from coalescer.ingest.pulse import Listener
+
+            listener = Listener.start(settings, app.state.store, app.state.observer)
+        # A busy server allocates fast: with the default threshold (700) the collector runs many
+        # times a second over the same long-lived objects. Freeze what is loaded by now (it
+        # lives as long as the process) and collect the youngest generation less often.
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+        try:
+            yield
+        finally:
+            if listener is not None:
+                await listener.stop()
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+            await app.state.observer.flush()
+            if own:
+                await app.state.store.close()
+
+    routes = [
+        # The hot path first: one regex decides that a path is a key (see api.KeyPath).
+        Route("/{path:keypath}", api.KeyEndpoint(), methods=["GET", "HEAD"]),
+        # The others carry a request id and log a line each (see tracing).
+        _traced("/", pages.overview),
+        _traced("/tasks/{taskId}", pages.task_page),
+        _traced("/__heartbeat__", api.heartbeat, "GET", "HEAD"),
+        _traced("/__lbheartbeat__", api.lbheartbeat, "GET", "HEAD"),
+        _traced("/__version__", api.version),
+        _traced("/metrics", _metrics),
+        _traced("/openapi.json", openapi),
+        _traced("/v1/ping", api.ping),
+        _traced("/v1/list", api.compat_keys),
+        _traced("/v1/stats", api.compat_stats),
+        _traced("/v1/list/{age:int}/{size:int}/{key}", api.compat_list),
+        _traced("/v1/list/{key}", api.compat_list_all),
+        _traced("/v1/events", post_events, "POST"),
+        _traced("/v1/tasks/{taskId}", lineage.task_lineage),
+        _traced("/v1/tasks/{taskId}/supersedes", lineage.task_handoff),
+        _traced("/v1/policy", lineage.policy_stats),
+        _traced("/{path:path}", api.not_found, "GET", "POST", "HEAD"),
+    ]
+    app = App(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            InvalidInput: _invalid,
+            AuthError: _auth,
+            StoreUnavailable: _unavailable,
+            HTTPException: _http,
+            Exception: _crash,
+        },
+    )
+    app.state.settings = settings
+    app.state.commit = os.environ.get("SOURCE_COMMIT", "unknown")
+    if store is not None:  # usable without running the lifespan (ASGITransport tests)
+        app.state.store = store
+        app.state.observer = Observer(store)
+    return app
+
+
+async def _flush_forever(observer: Observer) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        await observer.flush()

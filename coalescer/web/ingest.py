@@ -1,0 +1,93 @@
+"""``POST /v1/events``: authenticated ingest of Pulse-shaped messages.
+
+The body is one message or a list of them; the answer says, per message, ``applied``,
+``stale`` (older than what the index holds), ``ignored`` (no coalescing route), ``expired``
+(past deadline plus grace) or ``invalid`` (with why). Valid messages are applied in one round
+trip; a retry after a failure is harmless because every application is idempotent.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from coalescer.errors import AuthError, IngestDisabled, InvalidEvent, InvalidInput
+from coalescer.ingest.events import Message, to_event
+from coalescer.model import TaskEvent
+from coalescer.web.responses import JSON, error
+
+MAX_MESSAGES = 1000
+
+
+def check_token(request: Request) -> None:
+    expected = request.app.state.settings.ingest_token
+    if expected is None:
+        raise IngestDisabled("ingest is disabled: set COALESCER_INGEST_TOKEN to enable it")
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), expected.reveal().encode()
+    ):
+        raise AuthError("missing or wrong bearer token")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class _TooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+
+async def post_events(request: Request) -> Response:
+    check_token(request)
+    settings = request.app.state.settings
+    try:
+        body = await read_body(request, settings.max_body_bytes)
+    except _TooLarge as exc:
+        return error(413, f"request body larger than {exc.limit} bytes")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"body is not JSON: {exc}") from exc
+    if not isinstance(doc, dict | list):
+        raise InvalidInput("the body must be a message object or a list of them")
+    docs: list[Any] = doc if isinstance(doc, list) else [doc]
+    if len(docs) > MAX_MESSAGES:
+        raise InvalidInput(f"at most {MAX_MESSAGES} messages per request")
+    results: list[dict[str, Any]] = [{} for _ in docs]
+    events: list[TaskEvent] = []
+    slots: list[int] = []
+    for i, item in enumerate(docs):
+        try:
+            event = to_event(
+                Message.from_json(item), prefix=settings.route_prefix, rank_tag=settings.rank_tag
+            )
+        except InvalidEvent as exc:
+            results[i] = {"status": "invalid", "error": str(exc)}
+            continue
+        if event is None:
+            results[i] = {"status": "ignored"}
+        else:
+            events.append(event)
+            slots.append(i)
+    outcomes = await request.app.state.store.apply(events, policy=settings.policy)
+    for i, event, outcome in zip(slots, events, outcomes, strict=True):
+        results[i] = {"status": outcome, "taskId": event.task_id}
+    exchanges = [str(d.get("exchange", "")) if isinstance(d, dict) else "" for d in docs]
+    await request.app.state.observer.ingest("http", [r["status"] for r in results], exchanges)
+    return JSON({"results": results})

@@ -1,0 +1,97 @@
+"""Superseding lineage over HTTP, and the lineage section of the pages.
+
+* ``GET /v1/tasks/<taskId>`` — what superseded the task (and the chain to its final primary),
+  and what it superseded, with when, which policy rule and why;
+* ``GET /v1/tasks/<taskId>/supersedes`` — the state handoff: ``[{taskId, runId, task}]`` of
+  every task it replaces, transitively (the shape of ``COALESCER_SUPERSEDES_FILE``);
+* ``GET /v1/policy`` — the rules in force and, per key and rule, what they superseded and the
+  worker time that saved; the same as ``/metrics`` counters (:func:`exposition`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+from coalescer import model
+from coalescer.policy import lineage as reading
+from coalescer.policy.rules import describe
+from coalescer.web.responses import JSON, error
+
+
+async def task_lineage(request: Request) -> Response:
+    task_id = model.check_task_id(request.path_params["taskId"])
+    found = await reading.lineage(
+        request.app.state.store, request.app.state.settings.policy, task_id
+    )
+    if found is None:
+        return error(404, f"no superseding decision names task {task_id}", taskId=task_id)
+    return JSON(found)
+
+
+async def task_handoff(request: Request) -> Response:
+    task_id = model.check_task_id(request.path_params["taskId"])
+    settings = request.app.state.settings
+    return JSON(await reading.handoff(request.app.state.store, settings.policy, task_id))
+
+
+async def policy_stats(request: Request) -> Response:
+    policy = request.app.state.settings.policy
+    return JSON(
+        {
+            "file": request.app.state.settings.policy_file,
+            "rules": describe(policy) if policy is not None else [],
+            "keys": await reading.stats(request.app.state.store, policy),
+        }
+    )
+
+
+async def page_context(request: Request, task_id: str) -> dict[str, Any]:
+    """What ``_lineage.html`` shows on a task's page (nothing without a deciding policy)."""
+    found = await reading.lineage(
+        request.app.state.store, request.app.state.settings.policy, task_id
+    )
+    return {"lineage": found}
+
+
+class _PolicyCounters(Collector):
+    """The shared counters every enforcer keeps in the index, as Prometheus counters."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        tasks = CounterMetricFamily(
+            "coalescer_policy_tasks",
+            "Tasks decided on by superseding policies, by key, rule and outcome "
+            "(decided, superseded, canceled, held, released, cascaded, missed, protected, gone)",
+            labels=["key", "rule", "outcome"],
+        )
+        saved = CounterMetricFamily(
+            "coalescer_policy_saved_seconds",
+            "Worker time saved by superseding, estimated from each key's recent run durations",
+            labels=["key", "rule"],
+        )
+        for row in self.rows:
+            for outcome, n in row.items():
+                if outcome not in ("key", "rule", "savedSeconds"):
+                    tasks.add_metric([row["key"], row["rule"], outcome], n)
+            saved.add_metric([row["key"], row["rule"]], row["savedSeconds"])
+        yield tasks
+        yield saved
+
+
+async def exposition(request: Request) -> bytes:
+    """``/metrics`` lines for superseding policies (none without a deciding policy)."""
+    policy = request.app.state.settings.policy
+    if policy is None or not policy.decides:
+        return b""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_PolicyCounters(await reading.stats(request.app.state.store, policy)))
+    return generate_latest(registry)

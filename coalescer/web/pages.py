@@ -1,0 +1,219 @@
+"""Browser pages (Jinja2, no JavaScript needed): the keys, a key, a task, errors.
+
+Each page is also JSON for an API client (``Accept`` without ``text/html``, or
+``?format=json``). Pages refresh themselves with a meta refresh.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from coalescer import model
+from coalescer.errors import InvalidInput
+from coalescer.store import Store, views
+from coalescer.web import lineage
+from coalescer.web.responses import JSON, error, wants_html
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("coalescer.web", "templates"),
+    autoescape=jinja2.select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+#: Seconds between a page's own refreshes.
+REFRESH = 5
+#: Rows on the overview; a filter (``?q=``) finds the rest.
+MAX_KEYS = 500
+
+
+def _span(seconds: int) -> str:
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600:02d}h"
+
+
+def ago(ms: int | float | None, now_ms: float | None = None) -> str:
+    """``1h 02m``-style time since a millisecond timestamp."""
+    if ms is None:
+        return "—"
+    now_ms = time.time() * 1000 if now_ms is None else now_ms
+    return _span(max(0, int((now_ms - ms) / 1000)))
+
+
+def until(ms: int | float | None, now_ms: float | None = None) -> str:
+    """``1h 02m``-style time to a millisecond timestamp (``passed`` once it has)."""
+    if ms is None:
+        return "—"
+    now_ms = time.time() * 1000 if now_ms is None else now_ms
+    left = int((ms - now_ms) / 1000)
+    return "passed" if left < 0 else _span(left)
+
+
+def utc(ms: int | float | None) -> str:
+    if ms is None:
+        return ""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def iso(ms: int | float | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+_ENV.filters.update(ago=ago, until=until, utc=utc)
+
+
+def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    settings = request.app.state.settings
+    body = _ENV.get_template(template).render(
+        settings=settings, root_url=settings.taskcluster_root_url, **context
+    )
+    return HTMLResponse(body, status_code=status, headers={"cache-control": "no-store"})
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def matches(key: str, query: str) -> bool:
+    """``?q=``: a case-insensitive substring, or a glob when it has ``*`` or ``?``."""
+    if any(c in query for c in "*?["):
+        return fnmatch.fnmatchcase(key.lower(), query.lower())
+    return query.lower() in key.lower()
+
+
+async def overview(request: Request) -> Response:
+    store = _store(request)
+    query = request.query_params.get("q", "").strip()[: model.MAX_KEY_LENGTH]
+    listed = await store.keys()
+    found = [(k, a) for k, a in listed if matches(k, query)] if query else listed
+    now_ms = int(time.time() * 1000)
+    rows = await views.summaries(store, found[:MAX_KEYS], now_ms=now_ms)
+    if not wants_html(request):
+        return JSON(
+            {
+                "versions": ["v1"],
+                "total": len(found),
+                "keys": [
+                    {
+                        "key": r.key,
+                        "activity_ms": r.activity_ms,
+                        "pending": r.pending,
+                        "oldest_pending_ms": r.oldest_since_ms,
+                    }
+                    for r in rows
+                ],
+            }
+        )
+    return render(
+        request,
+        "overview.html",
+        rows=rows,
+        q=query,
+        total=len(found),
+        known=len(listed),
+        pending=sum(r.pending for r in rows),
+        now_ms=now_ms,
+        refresh=REFRESH,
+    )
+
+
+async def key_page(request: Request, key: str) -> Response:
+    now_ms = int(time.time() * 1000)
+    view = await views.key_view(_store(request), key, now_ms=now_ms)
+    return render(request, "key.html", key=key, view=view, now_ms=now_ms, refresh=REFRESH)
+
+
+def explain(task_id: str, under: views.TaskUnderKey) -> dict[str, Any]:
+    """What one key tells about a task, for its page: its state, the newest answer that listed
+    it, and what follows (superseded by whom, or what it superseded), as far as the service
+    knows. The service sees answers and resolutions, not claims: the worker ran the newest
+    task *it could claim*, usually the newest listed."""
+    record, listing = under.record, under.listing
+    doc: dict[str, Any] = {"key": under.key, "known": record is not None}
+    if record is not None:
+        doc.update(
+            runId=record.run_id,
+            state=record.state,
+            reason=record.reason or None,
+            order=record.order,
+            deadline=iso(record.deadline_ms),
+            pendingSince=iso(record.since_ms),
+        )
+    doc["listing"] = None
+    doc["supersededBy"] = None
+    doc["supersedes"] = []
+    if listing is None:
+        return doc
+    doc["listing"] = {
+        "at": iso(listing.at_ms),
+        "initial": listing.initial,
+        "reason": listing.reason,
+        "position": listing.position,
+        "count": listing.count,
+        "newest": listing.newest,
+    }
+    if listing.count > 1 and listing.newest != task_id:
+        doc["supersededBy"] = listing.newest
+    elif listing.count > 1:
+        doc["supersedes"] = [
+            {
+                "taskId": other,
+                "state": under.listed[other].state if other in under.listed else None,
+                "reason": (under.listed[other].reason or None) if other in under.listed else None,
+            }
+            for other in listing.task_ids
+            if other != task_id
+        ]
+    newest = under.listed.get(listing.newest)
+    doc["newestState"] = None if newest is None else newest.state
+    return doc
+
+
+async def task_page(request: Request) -> Response:
+    task_id = request.path_params["taskId"]
+    try:
+        model.check_task_id(task_id)
+    except InvalidInput as exc:
+        if wants_html(request):
+            return error_page(request, 400, str(exc))
+        raise
+    found = await views.task_view(_store(request), task_id)
+    if not found:
+        message = (
+            f"the service knows nothing of task {task_id}: it has seen no event of it under a "
+            "coalescing route and no answer that listed it, or it has been forgotten since its "
+            "deadline passed"
+        )
+        if wants_html(request):
+            return error_page(request, 404, message, task_id=task_id)
+        return error(404, message)
+    keys = [explain(task_id, under) for under in found]
+    if not wants_html(request):
+        return JSON({"taskId": task_id, "keys": keys})
+    return render(
+        request,
+        "task.html",
+        task_id=task_id,
+        entries=list(zip(keys, found, strict=True)),
+        now_ms=int(time.time() * 1000),
+        refresh=REFRESH,
+        **await lineage.page_context(request, task_id),  # superseding policies
+    )
+
+
+def error_page(request: Request, status: int, message: str, **context: Any) -> Response:
+    return render(request, "error.html", status=status, code=status, message=message, **context)

@@ -1,0 +1,112 @@
+"""``coalescer worker``: the reference worker on the command line.
+
+Queue credentials come from ``TASKCLUSTER_ROOT_URL``, ``TASKCLUSTER_CLIENT_ID`` and
+``TASKCLUSTER_ACCESS_TOKEN`` (``taskcluster.optionsFromEnvironment()``); SIGTERM or SIGINT
+stops claiming and releases held tasks with ``worker-shutdown``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import signal
+from typing import Any
+
+import taskcluster
+
+from coalescer.errors import ConfigError
+from coalescer.settings import Settings
+from coalescer.worker.protocol import OnPrimaryFailure, Options, Order, SupersedeAs
+
+log = logging.getLogger("coalescer.worker")
+_ID_RE = re.compile(r"^[a-zA-Z0-9-_]{1,38}$")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``coalescer worker`` to the CLI."""
+    p = subparsers.add_parser(
+        "worker",
+        help="run the reference worker: claim tasks, run command payloads, with superseding",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument("--task-queue-id", required=True, metavar="P/W", help="task queue to claim from")
+    p.add_argument("--worker-group", required=True, metavar="G")
+    p.add_argument("--worker-id", required=True, metavar="I")
+    p.add_argument(
+        "--superseder-allow",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="follow supersederUrls under this URL prefix only (repeatable; none: never)",
+    )
+    p.add_argument("--capacity", type=int, default=1, help="task sets run at once (default 1)")
+    p.add_argument("--superseder-timeout", type=float, default=5.0, metavar="S", help="default 5 s")
+    p.add_argument(
+        "--superseder-order",
+        choices=[o.value for o in Order],
+        default=Order.OLDEST_FIRST.value,
+        help="newest-first for legacy tc-coalesce answers (default oldest-first)",
+    )
+    p.add_argument(
+        "--resolve-superseded-as",
+        choices=[m.value for m in SupersedeAs],
+        default=SupersedeAs.AUTO.value,
+        help="auto: exception/superseded, or completed where the queue rejects it",
+    )
+    p.add_argument(
+        "--on-primary-failure",
+        choices=[m.value for m in OnPrimaryFailure],
+        default=OnPrimaryFailure.SUPERSEDE.value,
+        help="what a failed primary does to the tasks it would supersede",
+    )
+    p.add_argument("--max-supersede", type=int, default=32, metavar="N", help="tasks per set")
+    p.add_argument("--claim-concurrency", type=int, default=8, metavar="N")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the worker until a signal stops it."""
+    tc = taskcluster.optionsFromEnvironment()
+    if not tc.get("rootUrl"):
+        raise ConfigError("TASKCLUSTER_ROOT_URL is not set")
+    if not re.match(r"^[^/]+/[^/]+$", args.task_queue_id):
+        raise ConfigError(f"--task-queue-id {args.task_queue_id!r} is not <provisioner>/<type>")
+    for name in ("worker_group", "worker_id"):
+        if not _ID_RE.match(getattr(args, name)):
+            raise ConfigError(f"--{name.replace('_', '-')} must be 1-38 of [a-zA-Z0-9-_]")
+    if args.capacity < 1 or args.max_supersede < 1 or args.claim_concurrency < 1:
+        raise ConfigError("--capacity, --max-supersede and --claim-concurrency must be >= 1")
+    options = Options(
+        allow=tuple(args.superseder_allow),
+        timeout=args.superseder_timeout,
+        order=Order(args.superseder_order),
+        supersede_as=SupersedeAs(args.resolve_superseded_as),
+        on_primary_failure=OnPrimaryFailure(args.on_primary_failure),
+        route_prefix=settings.route_prefix,
+        max_tasks=args.max_supersede,
+        claim_concurrency=args.claim_concurrency,
+    )
+    if not options.allow:
+        log.warning("no --superseder-allow prefix: every task runs alone (superseding is off)")
+    asyncio.run(_main(args, tc, options))
+    return 0
+
+
+async def _main(args: argparse.Namespace, tc: dict[str, Any], options: Options) -> None:
+    from coalescer.worker.runner import Worker
+    from coalescer.worker.shim import Shim
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with Shim(
+        root_url=tc["rootUrl"],
+        credentials=tc.get("credentials"),
+        worker_group=args.worker_group,
+        worker_id=args.worker_id,
+        options=options,
+    ) as shim:
+        await Worker(shim, args.task_queue_id, args.capacity).run(stop)

@@ -1,0 +1,291 @@
+"""The reference worker: claims from a task queue and runs command payloads, with superseding.
+
+A payload is ``{"command": [...], "env": {...}, "maxRunTime": s, "supersederUrl": ...}``. The
+command runs in a fresh directory with a minimal environment (never the worker's own, which
+holds its credentials) plus ``env``, ``TASK_ID``, ``RUN_ID`` and ``COALESCER_SUPERSEDES_FILE``.
+Exit 0 is *completed*, anything else *failed*, as is running past ``maxRunTime``; a payload the
+worker cannot run is an exception ``malformed-payload``, the reason in the log. The log
+(worker lines and the command's output) is uploaded as ``public/logs/live.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from taskcluster.exceptions import TaskclusterFailure
+
+from coalescer.errors import InvalidInput
+from coalescer.worker.claims import Claim
+from coalescer.worker.protocol import (
+    COMPLETED,
+    FAILED,
+    SUPERSEDES_FILE_ENV,
+    Outcome,
+    supersedes_view,
+)
+from coalescer.worker.resolve import put_artifact
+from coalescer.worker.shim import Report, Shim, Superseded
+
+log = logging.getLogger("coalescer.worker")
+
+LIVE_LOG = "public/logs/live.log"
+MAX_LOG_BYTES = 16 << 20
+DEFAULT_MAX_RUN_TIME = 3600.0
+
+
+class MalformedPayload(InvalidInput):
+    """The task's payload is not one this worker can run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandPayload:
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    max_run_time: float
+    #: Run, in the task's directory and environment, when the task is stopped before its end
+    #: (its claim canceled, e.g. superseded by a newer task, or the worker shutting down).
+    on_cancel: tuple[str, ...] = ()
+
+
+#: Seconds a canceled command (and its ``onCancel`` hook) gets before it is killed.
+CANCEL_GRACE = 10.0
+
+
+def parse_payload(payload: Any) -> CommandPayload:
+    """Check a command payload, or MalformedPayload saying what is wrong with it."""
+    if not isinstance(payload, Mapping):
+        raise MalformedPayload("the payload is not an object")
+    command = payload.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise MalformedPayload("payload.command must be a non-empty list of strings")
+    env = payload.get("env", {})
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise MalformedPayload("payload.env must map strings to strings")
+    limit = payload.get("maxRunTime", DEFAULT_MAX_RUN_TIME)
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0:
+        raise MalformedPayload("payload.maxRunTime must be a positive number of seconds")
+    on_cancel = payload.get("onCancel", [])
+    if not isinstance(on_cancel, list) or not all(isinstance(a, str) for a in on_cancel):
+        raise MalformedPayload("payload.onCancel must be a list of strings")
+    return CommandPayload(tuple(command), dict(env), float(limit), tuple(on_cancel))
+
+
+class TaskLog:
+    """The run's log, kept in memory up to a cap."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def line(self, text: str) -> None:
+        self.write(f"[coalescer-worker] {text}\n".encode())
+
+    def write(self, chunk: bytes) -> None:
+        room = MAX_LOG_BYTES - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+            if len(chunk) > room:
+                self.data += b"\n[coalescer-worker] log truncated\n"
+
+
+class Worker:
+    """Claims up to ``capacity`` tasks at a time from ``task_queue_id`` and runs each task set
+    through ``shim``."""
+
+    def __init__(self, shim: Shim, task_queue_id: str, capacity: int = 1) -> None:
+        self.shim = shim
+        self.task_queue_id = task_queue_id
+        self.capacity = max(1, capacity)
+        #: The latest task sets' reports, newest last (bounded: a worker runs for days).
+        self.reports: collections.deque[Report] = collections.deque(maxlen=1000)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and run tasks until ``stop`` is set; then release what is held and return."""
+        running: set[asyncio.Task[None]] = set()
+        stopped = asyncio.create_task(stop.wait())
+        backoff = 0.5
+        try:
+            while not stop.is_set():
+                free = self.capacity - len(running)
+                if free <= 0:
+                    await asyncio.wait({stopped, *running}, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                poll = asyncio.create_task(self._claim_work(free))
+                await asyncio.wait({poll, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not poll.done():
+                    # Claims already made server-side would expire unseen: let the long poll
+                    # end (it is bounded), so that whatever it returns can be released.
+                    await asyncio.wait({poll}, timeout=30)
+                    poll.cancel()
+                try:
+                    claims = await poll
+                except asyncio.CancelledError:
+                    break
+                except TaskclusterFailure as exc:
+                    log.warning("claimWork failed: %s", exc)
+                    await asyncio.wait({stopped}, timeout=backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                backoff = 0.5
+                if stop.is_set():
+                    await self._release(claims)
+                    break
+                for response in claims:
+                    task = asyncio.create_task(self._handle(response, stop))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+        finally:
+            stopped.cancel()
+            await asyncio.gather(stopped, *running, return_exceptions=True)
+
+    async def _claim_work(self, count: int) -> list[Mapping[str, Any]]:
+        answer = await self.shim.queue.claimWork(
+            self.task_queue_id,
+            {
+                "tasks": count,
+                "workerGroup": self.shim.worker_group,
+                "workerId": self.shim.worker_id,
+            },
+        )
+        return list(answer.get("tasks", []))
+
+    async def _release(self, claims: Sequence[Mapping[str, Any]]) -> None:
+        # A run another task set holds came back only because claims are idempotent: skip it.
+        held = [self.shim.claim(r) for r in claims if r["status"]["taskId"] not in self.shim.held]
+        await asyncio.gather(*(self.shim.resolver.release(c) for c in held))
+
+    async def _handle(self, response: Mapping[str, Any], stop: asyncio.Event) -> None:
+        try:
+            report = await self.shim.run(response, self.execute, stop=stop)
+        except Exception:
+            log.exception("task set of %s broke", response.get("status", {}).get("taskId"))
+            return
+        self.reports.append(report)
+        log.info("task set done: %s", report)
+
+    async def execute(self, claim: Claim, supersedes: Sequence[Superseded]) -> Outcome:
+        """Run the primary's command; upload its log; return how it ended."""
+        tlog = TaskLog()
+        tlog.line(f"task {claim.task_id} run {claim.run_id} on {self.shim.worker_id}")
+        for other in supersedes:
+            tlog.line(f"may supersede {other.task_id} run {other.run_id}")
+        try:
+            payload = parse_payload(claim.task.get("payload"))
+            outcome = await self._run_command(claim, payload, supersedes, tlog)
+        except MalformedPayload as exc:
+            tlog.line(f"malformed payload: {exc}")
+            outcome = Outcome("exception", "malformed-payload")
+        tlog.line(f"resolving {outcome.reason or outcome.state}")
+        try:
+            await put_artifact(
+                self.shim.http, claim, LIVE_LOG, bytes(tlog.data), "text/plain; charset=utf-8"
+            )
+        except Exception as exc:
+            log.error("could not upload the log of %r: %s", claim, exc)
+        return outcome
+
+    async def _run_command(
+        self,
+        claim: Claim,
+        payload: CommandPayload,
+        supersedes: Sequence[Superseded],
+        tlog: TaskLog,
+    ) -> Outcome:
+        with tempfile.TemporaryDirectory(prefix="coalescer-task-") as workdir:
+            view = os.path.join(workdir, ".supersedes.json")
+            data = supersedes_view([(s.task_id, s.run_id, s.task) for s in supersedes])
+            await asyncio.to_thread(Path(view).write_bytes, data)
+            env = {
+                "PATH": os.environ.get("PATH", os.defpath),
+                "HOME": workdir,
+                "LANG": "C.UTF-8",
+                **payload.env,
+                "TASK_ID": claim.task_id,
+                "RUN_ID": str(claim.run_id),
+                SUPERSEDES_FILE_ENV: view,
+            }
+            tlog.line(f"running {list(payload.command)!r}")
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *payload.command,
+                    cwd=workdir,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,  # its own process group, killed as a whole
+                )
+            except OSError as exc:
+                raise MalformedPayload(f"cannot start {payload.command[0]!r}: {exc}") from exc
+            try:
+                async with asyncio.timeout(payload.max_run_time):
+                    assert proc.stdout is not None
+                    while chunk := await proc.stdout.read(65536):
+                        tlog.write(chunk)
+                    code = await proc.wait()
+            except TimeoutError:
+                tlog.line(f"maxRunTime of {payload.max_run_time:g} s exceeded: killed")
+                return FAILED
+            except asyncio.CancelledError:
+                await _stop_canceled(proc, payload, env, workdir, tlog)
+                raise
+            finally:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    await asyncio.shield(proc.wait())
+        tlog.line(f"exit code {code}")
+        return COMPLETED if code == 0 else FAILED
+
+
+async def _stop_canceled(
+    proc: asyncio.subprocess.Process,
+    payload: CommandPayload,
+    env: Mapping[str, str],
+    workdir: str,
+    tlog: TaskLog,
+) -> None:
+    """The cancel hook: SIGTERM to the command's process group so that it can clean up, the
+    payload's ``onCancel`` command if any, both within :data:`CANCEL_GRACE` seconds; whatever
+    is still running then is killed by the caller."""
+    tlog.line(f"canceled: SIGTERM to the command, {CANCEL_GRACE:g} s to clean up")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        async with asyncio.timeout(CANCEL_GRACE):
+            if payload.on_cancel:
+                tlog.line(f"running onCancel {list(payload.on_cancel)!r}")
+                hook = await asyncio.create_subprocess_exec(
+                    *payload.on_cancel,
+                    cwd=workdir,
+                    env=dict(env),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                try:
+                    output, _ = await hook.communicate()
+                finally:
+                    if hook.returncode is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(hook.pid, signal.SIGKILL)
+                        await hook.wait()
+                tlog.write(output)
+                tlog.line(f"onCancel exit code {hook.returncode}")
+            await proc.wait()
+    except TimeoutError:
+        tlog.line("cancel grace over: killing what is left")
+    except OSError as exc:
+        tlog.line(f"cannot run onCancel: {exc}")

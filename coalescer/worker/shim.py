@@ -1,0 +1,298 @@
+"""The shim: claim all, run the newest, resolve the rest.
+
+:meth:`Shim.run` takes one claim from ``claimWork`` and an ``execute`` coroutine function:
+
+1. ask the task's superseder (allow-listed, with a timeout), or run the task alone;
+2. claim each listed task's current pending run, in parallel, after checking its definition;
+3. run ``execute`` on the highest-indexed held task (the primary), keeping every claim alive;
+4. resolve each secondary as superseded, with ``public/superseded-by.json``; then give the
+   primary ``public/supersedes.json`` and its own resolution.
+
+If the primary's claim is lost (canceled) or ``stop`` is set (worker shutdown), ``execute`` is
+cancelled and the held runs are released with ``worker-shutdown`` so that the queue retries
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import httpx
+
+from coalescer.worker import superseder
+from coalescer.worker.claims import Claim, Clock, Connection, Keeper, claim_listed, utcnow
+from coalescer.worker.protocol import (
+    SUPERSEDES,
+    Options,
+    Outcome,
+    SupersederError,
+    choose_primary,
+    secondary_fate,
+    supersedes_json,
+)
+from coalescer.worker.resolve import Resolver
+
+log = logging.getLogger("coalescer.worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class Superseded:
+    """A task the primary may supersede, as the primary sees it."""
+
+    task_id: str
+    run_id: int
+    task: Mapping[str, Any]
+
+
+Execute = Callable[[Claim, Sequence[Superseded]], Coroutine[Any, Any, Outcome]]
+
+
+@dataclasses.dataclass
+class TaskSet:
+    """The runs held for one claim from ``claimWork``: ``listed`` is the superseder's list,
+    oldest first (just the initial task when running alone, ``alone`` saying why)."""
+
+    initial: Claim
+    listed: list[str]
+    held: dict[str, Claim]
+    alone: str | None = None
+
+    @property
+    def primary(self) -> Claim:
+        return self.held[choose_primary(self.listed, set(self.held))]
+
+    @property
+    def secondaries(self) -> list[Claim]:
+        primary = self.primary
+        return [self.held[t] for t in self.listed if t in self.held and t != primary.task_id]
+
+
+@dataclasses.dataclass
+class Report:
+    """What became of a task set: which run ran and how, and what happened to the others."""
+
+    primary: tuple[str, int]
+    outcome: Outcome | None = None
+    superseded: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    released: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    #: Secondaries whose claim was lost, or whose resolution failed: forgotten.
+    dropped: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    alone: str | None = None
+    #: ``canceled`` when the primary's claim was lost, ``shutdown`` when stopped,
+    #: ``duplicate`` when another task set of this worker already held the claimed run.
+    aborted: str | None = None
+
+
+def _ref(claim: Claim) -> tuple[str, int]:
+    return (claim.task_id, claim.run_id)
+
+
+class Shim:
+    """Superseding for one worker. Use as ``async with Shim(...) as shim``.
+
+    ``credentials`` are the worker's own (``claimTask`` needs ``queue:claim-task:<queue>`` and
+    ``queue:worker-id:<group>/<id>``); every held run is then driven with its own temporary
+    credentials. ``clock`` tells the queue's time (tests drive the emulator's).
+    """
+
+    def __init__(
+        self,
+        *,
+        root_url: str,
+        credentials: Mapping[str, Any] | None,
+        worker_group: str,
+        worker_id: str,
+        options: Options | None = None,
+        clock: Clock = utcnow,
+        max_retries: int = 5,
+    ) -> None:
+        self.root_url = root_url.rstrip("/")
+        self.worker_group = worker_group
+        self.worker_id = worker_id
+        self.options = options or Options()
+        self.clock = clock
+        self._credentials = credentials
+        self._max_retries = max_retries
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> Shim:
+        session = await self._stack.enter_async_context(aiohttp.ClientSession())
+        self.http = await self._stack.enter_async_context(httpx.AsyncClient())
+        self.conn = Connection(self.root_url, session, self._max_retries)
+        self.queue: Any = self.conn.queue(self._credentials)
+        self.resolver = Resolver(self.http, self.queue, self.options.supersede_as)
+        #: Task ids held by any task set of this worker, so two sets never hold the same run.
+        self.held: set[str] = set()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.aclose()
+
+    def claim(self, response: Mapping[str, Any]) -> Claim:
+        """A :class:`Claim` of a ``claimWork``/``claimTask`` response's task run."""
+        return Claim(response, self.conn, self.clock(), self.options.reclaim_fraction)
+
+    async def _select(self, initial: Claim) -> TaskSet:
+        """Ask the superseder and claim what it lists; never fails for the superseder's sake.
+        Every run it holds is in ``self.held`` when it returns, and none when it raises."""
+        held = {initial.task_id: initial}
+        try:
+            try:
+                listed = await superseder.ask(
+                    self.http, initial.task_id, initial.task, self.options
+                )
+            except SupersederError as exc:
+                log.info("running %r alone: %s", initial, exc, extra={"task_id": initial.task_id})
+                return TaskSet(initial, [initial.task_id], held, exc.reason)
+            except Exception as exc:  # whatever it is, superseding must not block the task
+                log.exception("running %r alone: asking the superseder broke", initial)
+                return TaskSet(initial, [initial.task_id], held, f"error: {exc!r}")
+            await claim_listed(
+                self.queue,
+                self.conn,
+                listed,
+                initial,
+                held,
+                self.held,
+                options=self.options,
+                worker_group=self.worker_group,
+                worker_id=self.worker_id,
+                clock=self.clock,
+            )
+        except BaseException:
+            # Cancelled (or broken) halfway: whatever was claimed goes back to the queue.
+            await asyncio.shield(self._release_all(list(held.values())))
+            self.held.difference_update(held)
+            raise
+        taskset = TaskSet(initial, listed, held)
+        log.info(
+            "task set of %r: running %r, superseding %d of %d listed",
+            initial,
+            taskset.primary,
+            len(held) - 1,
+            len(listed),
+            extra={"task_id": initial.task_id},
+        )
+        return taskset
+
+    async def run(
+        self,
+        response: Mapping[str, Any],
+        execute: Execute,
+        *,
+        stop: asyncio.Event | None = None,
+    ) -> Report:
+        """Select the task set of ``response``, run its primary with ``execute`` and resolve
+        everything held. ``execute`` gets the primary's claim (use ``claim.queue`` for its
+        artifacts: it always holds the newest credentials) and the tasks it may supersede."""
+        initial = self.claim(response)
+        if initial.task_id in self.held:
+            # Another task set of this worker claimed the run (claimTask is idempotent for the
+            # same worker, so both calls "succeeded"): it is that set's to run or supersede.
+            log.warning("%r is already held by another task set of this worker", initial)
+            return Report(_ref(initial), aborted="duplicate")
+        self.held.add(initial.task_id)
+        try:
+            taskset = await self._select(initial)
+        except BaseException:
+            self.held.discard(initial.task_id)
+            raise
+        try:
+            return await self._run(taskset, execute, stop)
+        finally:
+            self.held.difference_update(taskset.held)
+
+    async def _run(self, taskset: TaskSet, execute: Execute, stop: asyncio.Event | None) -> Report:
+        primary = taskset.primary
+        lost = asyncio.Event()
+
+        def on_lost(claim: Claim) -> None:
+            if claim is primary:
+                lost.set()
+
+        keeper = Keeper(self.clock, self.options, on_lost)
+        for claim in taskset.held.values():
+            keeper.keep(claim)
+        view = [Superseded(c.task_id, c.run_id, c.task) for c in taskset.secondaries]
+        job = asyncio.create_task(execute(primary, view), name=f"execute {primary!r}")
+        waiters = [asyncio.create_task(lost.wait())]
+        if stop is not None:
+            waiters.append(asyncio.create_task(stop.wait()))
+        report = Report(_ref(primary), alone=taskset.alone)
+        try:
+            await asyncio.wait([job, *waiters], return_when=asyncio.FIRST_COMPLETED)
+            if job.done():
+                report.outcome = self._outcome(job, primary)
+                await self._conclude(taskset, report.outcome, report)
+            else:
+                report.aborted = "canceled" if lost.is_set() else "shutdown"
+                log.warning("stopping %r: %s", primary, report.aborted)
+                await _cancel(job)
+                held = taskset.secondaries + ([primary] if report.aborted == "shutdown" else [])
+                await self._release_into(report, held)
+        except BaseException:
+            await _cancel(job)
+            await asyncio.shield(self._release_all(list(taskset.held.values())))
+            raise
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+            await keeper.close()
+        return report
+
+    def _outcome(self, job: asyncio.Task[Outcome], primary: Claim) -> Outcome:
+        try:
+            return job.result()
+        except Exception:
+            log.exception("running %r failed inside the worker", primary)
+            return Outcome("exception", "internal-error")
+
+    async def _conclude(self, taskset: TaskSet, outcome: Outcome, report: Report) -> None:
+        """Secondaries first (superseded or released), then the primary's artifacts and
+        resolution."""
+        primary = taskset.primary
+        secondaries = taskset.secondaries
+        report.dropped.extend(_ref(c) for c in secondaries if c.lost)
+        live = [c for c in secondaries if not c.done]
+        if secondary_fate(outcome, self.options.on_primary_failure) == "supersede":
+            bound = asyncio.Semaphore(max(1, self.options.claim_concurrency))
+
+            async def one(claim: Claim) -> bool:
+                async with bound:
+                    return await self.resolver.supersede(claim, primary)
+
+            results = await asyncio.gather(*(one(c) for c in live))
+            for claim, ok in zip(live, results, strict=True):
+                (report.superseded if ok else report.dropped).append(_ref(claim))
+        else:
+            await self._release_into(report, live)
+        artifacts = [(SUPERSEDES, supersedes_json(report.superseded))] if report.superseded else []
+        if not await self.resolver.resolve(primary, outcome, artifacts):
+            report.aborted = "canceled"
+
+    async def _release_into(self, report: Report, claims: Sequence[Claim]) -> None:
+        results = await asyncio.gather(*(self.resolver.release(c) for c in claims))
+        for claim, ok in zip(claims, results, strict=True):
+            (report.released if ok else report.dropped).append(_ref(claim))
+
+    async def _release_all(self, claims: Sequence[Claim]) -> None:
+        await asyncio.gather(*(self.resolver.release(c) for c in claims), return_exceptions=True)
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,70 @@
+"""Asking a superseder: one GET with a total deadline, an allow-list and a size limit.
+
+Every way this can go wrong ends in :class:`~coalescer.worker.protocol.SupersederError`, so the
+caller has one thing to catch before running the claimed task alone: superseding must never
+block work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from coalescer.worker.protocol import (
+    Options,
+    SupersederError,
+    parse_answer,
+    query_url,
+    superseder_url,
+    url_allowed,
+)
+
+
+async def fetch_answer(http: httpx.AsyncClient, url: str, task_id: str, *, max_bytes: int) -> bytes:
+    """The body of ``GET <url>?taskId=<task_id>``; redirects are not followed, since they
+    could lead outside the allow-list. The caller sets the deadline."""
+    target = query_url(url, task_id)
+    try:
+        async with http.stream(
+            "GET", target, follow_redirects=False, headers={"accept": "application/json"}
+        ) as response:
+            if response.status_code != 200:
+                raise SupersederError(
+                    "bad-status", f"the superseder answered HTTP {response.status_code}"
+                )
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise SupersederError(
+                        "bad-answer", f"the superseder's answer exceeds {max_bytes} bytes"
+                    )
+            return bytes(body)
+    except httpx.HTTPError as exc:
+        raise SupersederError("unavailable", f"the superseder is unreachable: {exc!r}") from exc
+
+
+async def ask(
+    http: httpx.AsyncClient, task_id: str, task: Mapping[str, Any], options: Options
+) -> list[str]:
+    """The task set a superseder proposes for the claimed ``task_id``, oldest first.
+
+    Raises SupersederError (with a reason to log) when the task has no ``supersederUrl``, the
+    URL is not under an allowed prefix, or the superseder is down, slow or talking nonsense.
+    """
+    url = superseder_url(task)
+    if not url_allowed(url, options.allow):
+        raise SupersederError(
+            "not-allowed", f"supersederUrl {url!r} is not under an allowed prefix"
+        )
+    try:
+        async with asyncio.timeout(options.timeout):
+            body = await fetch_answer(http, url, task_id, max_bytes=options.max_answer_bytes)
+    except TimeoutError:
+        raise SupersederError(
+            "timeout", f"the superseder did not answer within {options.timeout:g} s"
+        ) from None
+    return parse_answer(body, task_id, order=options.order, max_tasks=options.max_tasks)

@@ -1,0 +1,135 @@
+"""Run a command with a real Redis and RabbitMQ reachable, for the test suite.
+
+Redis: ``COALESCER_TEST_REDIS_URL`` or ``REDIS_URL`` if set; else a throwaway ``redis-server``
+on a free loopback port, stopped afterwards. RabbitMQ: ``COALESCER_TEST_AMQP_URL`` or
+``PULSE_URL`` if set; else the local broker on 127.0.0.1:5672 (started if installed but
+stopped). A browser for the page tests: ``COALESCER_TEST_CHROMIUM`` if set, else Debian's
+``chromium``. Whatever is missing is installed with apt-get when running as root, else named.
+The command then runs with both URLs and the browser's path in its environment.
+
+    python scripts/with_services.py pytest -q
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def say(message: str) -> None:
+    print(f"[services] {message}", file=sys.stderr, flush=True)
+
+
+def reachable(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for(host: str, port: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if reachable(host, port):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_binary(binary: str, package: str, hint: str | None = None) -> str:
+    found = shutil.which(binary) or (f"/usr/sbin/{binary}" if os.path.exists(f"/usr/sbin/{binary}") else None)
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        say(f"{binary} not found: installing Debian's {package} (apt-get)")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True, env=env)
+        found = shutil.which(binary) or f"/usr/sbin/{binary}"
+        if os.path.exists(found):
+            return found
+    if hint is None:
+        name = "COALESCER_TEST_REDIS_URL" if "redis" in binary else "COALESCER_TEST_AMQP_URL"
+        hint = f"point {name} at a running server"
+    sys.exit(
+        f"[services] {binary} is needed for the tests. Install it with "
+        f"'sudo apt-get install {package}', or {hint}."
+    )
+
+
+def start_redis() -> tuple[str, subprocess.Popen[bytes], str]:
+    binary = ensure_binary("redis-server", "redis-server")
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="coalescer-redis-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+    )
+    if not wait_for("127.0.0.1", port, 10):
+        proc.kill()
+        sys.exit("[services] redis-server did not start within 10 s")
+    say(f"started a throwaway redis-server on 127.0.0.1:{port}")
+    return f"redis://127.0.0.1:{port}/0", proc, workdir
+
+
+def ensure_rabbitmq() -> str:
+    if reachable("127.0.0.1", 5672):
+        return "amqp://guest:guest@127.0.0.1:5672/"
+    binary = ensure_binary("rabbitmq-server", "rabbitmq-server")
+    say("RabbitMQ is not running on 127.0.0.1:5672: starting it")
+    subprocess.run([binary, "-detached"], check=False)
+    if not wait_for("127.0.0.1", 5672, 60):
+        sys.exit("[services] RabbitMQ did not start on 127.0.0.1:5672 within 60 s")
+    return "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def ensure_chromium() -> str:
+    """A headless browser for the page tests: ``COALESCER_TEST_CHROMIUM`` if set, else Debian's
+    chromium (installed if missing). Playwright drives it; its own browser downloads are not
+    used (no network here but the package registries)."""
+    given = os.environ.get("COALESCER_TEST_CHROMIUM")
+    if given:
+        return given
+    return ensure_binary("chromium", "chromium", "set COALESCER_TEST_CHROMIUM to a Chromium binary")
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        sys.exit(__doc__)
+    env = dict(os.environ)
+    redis_proc = None
+    workdir = None
+    redis_url = env.get("COALESCER_TEST_REDIS_URL") or env.get("REDIS_URL")
+    if not redis_url:
+        redis_url, redis_proc, workdir = start_redis()
+    amqp_url = env.get("COALESCER_TEST_AMQP_URL") or env.get("PULSE_URL") or ensure_rabbitmq()
+    env["COALESCER_TEST_REDIS_URL"] = redis_url
+    env["COALESCER_TEST_AMQP_URL"] = amqp_url
+    if any("pytest" in arg for arg in argv):  # the browser test; not for benchmarks
+        env["COALESCER_TEST_CHROMIUM"] = ensure_chromium()
+    env.pop("REDIS_URL", None)
+    try:
+        return subprocess.call(argv, env=env)
+    finally:
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(timeout=10)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,94 @@
+"""The emulator's own surface: clock control, message log, CLI, the pytest plugin."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from coalescer.emulator import cli
+from coalescer.emulator.clock import Clock, parse_time
+from coalescer.emulator.harness import TEST_OPTIONS, QueueEmulator
+
+from .conftest import CheckedQueue, claim_one, poll
+
+
+def test_the_clock_can_be_advanced_over_http_and_claims_expire(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    task_id = em.create_task(retries=0)
+    claim_one(em, queue, task_id)
+    with httpx.Client(base_url=em.root_url) as http:
+        before = parse_time(http.get("/emulator/v1/clock").json()["now"])
+        moved = http.post("/emulator/v1/clock", json={"advance": 1300})
+        assert moved.status_code == 200
+        assert (parse_time(moved.json()["now"]) - before).total_seconds() >= 1300
+        assert http.post("/emulator/v1/clock", json={"advance": -1}).status_code == 400
+        found = http.get("/emulator/v1/messages", params={"taskId": task_id}).json()["messages"]
+    assert [m["exchange"].rsplit("/", 1)[1] for m in found][-1] == "task-exception"
+    assert queue.status(task_id)["status"]["runs"][0]["reasonResolved"] == "claim-expired"
+
+
+def test_the_clock_is_not_controllable_over_http_unless_asked() -> None:
+    options = dataclasses.replace(TEST_OPTIONS, controllable_clock=False)
+    with QueueEmulator(options) as emulator, httpx.Client(base_url=emulator.root_url) as http:
+        refused = http.post("/emulator/v1/clock", json={"advance": 10})
+        assert refused.status_code == 404
+        assert refused.json()["code"] == "ResourceNotFound"
+
+
+def test_a_frozen_clock_moves_only_when_advanced() -> None:
+    clock = Clock(frozen=True)
+    start = clock.now()
+    assert clock.now() == start
+    assert (clock.advance(1.5) - start).total_seconds() == 1.5
+    with pytest.raises(ValueError):
+        clock.advance(-1)
+
+
+def test_unknown_routes_answer_in_the_queue_error_shape(em: QueueEmulator) -> None:
+    with httpx.Client(base_url=em.root_url) as http:
+        missing = http.get("/api/queue/v1/no/such/thing")
+        unimplemented = http.get("/api/queue/v1/task-group/R3k17D1cSqSaipeYXtbskQ/list")
+        bad_id = http.get("/api/queue/v1/task/not-a-slug/status")
+    assert missing.status_code == 404 and missing.json()["code"] == "ResourceNotFound"
+    assert unimplemented.status_code == 404
+    assert "does not implement listTaskGroup" in unimplemented.json()["message"]
+    assert bad_id.status_code == 400 and bad_id.json()["code"] == "InvalidRequestArguments"
+
+
+def test_the_cli_adds_an_emulator_subcommand_with_its_flags() -> None:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    defaults = parser.parse_args(["emulator"])
+    assert (defaults.host, defaults.port, defaults.legacy) == ("127.0.0.1", 8081, False)
+    assert defaults.handler is cli.run
+    flags = ["--port", "9", "--pulse-url", "amqp://x", "--publish-to", "http://y/v1/events"]
+    args = parser.parse_args(["emulator", *flags, "--legacy", "--controllable-clock"])
+    assert (args.port, args.pulse_url, args.publish_to) == (9, "amqp://x", "http://y/v1/events")
+    assert args.legacy and args.controllable_clock
+
+
+def test_importing_the_pytest_plugin_has_no_side_effects() -> None:
+    code = (
+        "import sys; import coalescer.emulator.fixture as f; "
+        "heavy = {'uvicorn', 'starlette', 'taskcluster', 'aio_pika'} & set(sys.modules); "
+        "assert not heavy, heavy; assert callable(f.queue_emulator)"
+    )
+    subprocess.run([sys.executable, "-W", "error", "-c", code], check=True)
+
+
+def test_expiry_is_also_applied_in_the_background_without_requests(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    task_id = em.create_task(retries=1)
+    claim_one(em, queue, task_id)
+    em.emulator.clock.advance(1201)  # the bare clock: nothing is applied until the next check
+    retried = poll(
+        lambda: [m for m in em.messages("task-pending", task_id) if m["payload"]["runId"]]
+    )
+    assert retried[0]["payload"]["status"]["runs"][0]["reasonResolved"] == "claim-expired"

@@ -1,0 +1,137 @@
+"""The index on real Redis: versions, retries, deadlines, forgetting, several keys, one slot."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from coalescer import model
+from coalescer.model import TaskEvent
+from coalescer.store import Store, keys
+
+NOW = 1_893_456_000_000  # 2030-01-01
+HOUR = 3_600_000
+
+
+def ev(
+    task: str,
+    run: int = 0,
+    state: str = "pending",
+    *,
+    order: float = 1.0,
+    keys_: tuple[str, ...] = ("k",),
+    deadline: int = NOW + 24 * HOUR,
+    since: int = NOW,
+) -> TaskEvent:
+    return TaskEvent(task, run, state, keys_, order, deadline, since)
+
+
+async def pending(store: Store, key: str = "k", now: int = NOW) -> list[str]:
+    return [t.task_id for t in await store.pending(key, now_ms=now)]
+
+
+async def test_pending_tasks_are_listed_in_order_not_arrival(store: Store) -> None:
+    await store.apply([ev("C", order=3), ev("A", order=1), ev("B", order=2)], now_ms=NOW)
+    assert await pending(store) == ["A", "B", "C"]
+
+
+async def test_older_or_equal_versions_change_nothing(store: Store) -> None:
+    assert await store.apply([ev("A", state="running")], now_ms=NOW) == ["applied"]
+    assert await store.apply([ev("A", state="pending"), ev("A", state="running")], now_ms=NOW) == [
+        "stale",
+        "stale",
+    ]
+    assert await pending(store) == []
+
+
+async def test_a_retried_run_is_pending_again_in_its_original_place(store: Store) -> None:
+    await store.apply([ev("A", order=1), ev("B", order=2)], now_ms=NOW)
+    await store.apply([ev("A", 0, "running"), ev("A", 0, "exception")], now_ms=NOW)
+    assert await pending(store) == ["B"]
+    # The retry's event carries a later scheduled time; the task keeps its first place.
+    await store.apply([ev("A", 1, "pending", order=5, since=NOW + 1000)], now_ms=NOW)
+    assert await pending(store) == ["A", "B"]
+
+
+async def test_resolution_arriving_before_pending_wins(store: Store) -> None:
+    await store.apply([ev("A", state="completed")], now_ms=NOW)
+    assert await store.apply([ev("A")], now_ms=NOW) == ["stale"]
+    assert await pending(store) == []
+
+
+async def test_a_task_past_its_deadline_is_never_offered(store: Store) -> None:
+    await store.apply([ev("A", deadline=NOW + 1000), ev("B", order=2)], now_ms=NOW)
+    snap = await store.snapshot("k", "B", now_ms=NOW + 2000, cap=32)
+    assert snap.newest == ["B"]
+    assert snap.pending == 1
+
+
+async def test_knowledge_is_kept_until_deadline_plus_grace_then_forgotten(
+    store: Store, redis_client: aioredis.Redis
+) -> None:
+    await store.apply([ev("A", state="completed", deadline=NOW + 1000)], now_ms=NOW)
+    # A late duplicate of the pending event, within grace: still known as resolved, stale.
+    assert await store.apply([ev("A", deadline=NOW + 1000)], now_ms=NOW + 2000) == ["stale"]
+    # After deadline + grace: the task is forgotten and a late event cannot resurrect it.
+    later = NOW + 1000 + store.grace_ms + 1
+    assert await store.apply([ev("A", deadline=NOW + 1000)], now_ms=later) == ["expired"]
+    assert await redis_client.hget(keys.group("k")[0], "A") is None
+
+
+async def test_every_key_expires_after_its_newest_deadline_plus_grace(
+    store: Store, redis_client: aioredis.Redis
+) -> None:
+    await store.apply([ev("A", deadline=NOW + HOUR)], now_ms=NOW)
+    for name in keys.group("k")[:4]:
+        ttl = await redis_client.pttl(name)
+        assert 0 < ttl <= HOUR + store.grace_ms
+
+
+async def test_a_task_with_several_routes_is_indexed_under_each(store: Store) -> None:
+    await store.apply([ev("A", keys_=("k1", "k2"))], now_ms=NOW)
+    assert await pending(store, "k1") == ["A"] and await pending(store, "k2") == ["A"]
+    await store.apply([ev("A", state="running", keys_=("k1", "k2"))], now_ms=NOW)
+    assert await pending(store, "k1") == [] and await pending(store, "k2") == []
+
+
+def test_one_key_lives_in_one_cluster_hash_slot() -> None:
+    slots = {key_slot(name.encode()) for name in (*keys.group("a.b"), keys.log("a.b"))}
+    assert len(slots) == 1
+    assert key_slot(keys.group("c.d")[0].encode()) not in slots
+
+
+async def test_snapshot_reads_count_oldest_wait_and_initial_order(store: Store) -> None:
+    await store.apply(
+        [ev("A", order=1, since=NOW - 5000), ev("B", order=2, since=NOW - 1000)], now_ms=NOW
+    )
+    await store.apply([ev("C", order=3, state="running")], now_ms=NOW)
+    snap = await store.snapshot("k", "C", now_ms=NOW, cap=32)
+    assert snap.pending == 2
+    assert snap.oldest_since_ms == NOW - 5000
+    assert snap.newer == 0
+    assert snap.newest == ["B", "A"]
+    unknown = await store.snapshot("k", "Z", now_ms=NOW, cap=32)
+    assert unknown.newer is None and unknown.newest == ["B", "A"]
+
+
+async def answer(store: Store, initial: str, cap: int = 32) -> list[str]:
+    snap = await store.snapshot("k", initial, now_ms=NOW, cap=cap)
+    return model.supersedes(initial, snap, now_ms=NOW, cap=cap)[0]
+
+
+async def test_the_initial_task_is_placed_by_order_then_task_id(store: Store) -> None:
+    await store.apply(
+        [ev("b", order=1), ev("d", order=1), ev("a", order=0), ev("e", order=2)], now_ms=NOW
+    )
+    await store.apply([ev("c", order=1, state="running")], now_ms=NOW)
+    assert await answer(store, "c") == ["a", "b", "c", "d", "e"]
+    assert await answer(store, "b") == ["a", "b", "d", "e"]
+    assert (await store.snapshot("k", "c", now_ms=NOW, cap=32)).newer == 2
+
+
+async def test_the_cap_keeps_the_newest_and_the_initial_task(store: Store) -> None:
+    await store.apply([ev(f"t{i}", order=i) for i in range(6)], now_ms=NOW)
+    assert await answer(store, "t0", cap=3) == ["t0", "t4", "t5"]
+    assert await answer(store, "t5", cap=3) == ["t3", "t4", "t5"]
+    assert await answer(store, "t4", cap=3) == ["t3", "t4", "t5"]
+    assert (await store.snapshot("k", "", now_ms=NOW, cap=3)).newest == ["t5", "t4", "t3"]

@@ -1,0 +1,87 @@
+"""``on-primary-failure: release``: victims are claimed at once and held until their primary
+ends; superseded when it completes, released (they run themselves) when it does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from coalescer.policy.rules import Policy
+from coalescer.store import lineage as records
+from tests.policy.support import Loop, rule
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def policy() -> Policy:
+    return rule("k", strategy="latest-wins", on_primary_failure="release")
+
+
+async def state(loop: Loop, task_id: str) -> str | None:
+    decision = await records.decision(loop.store, "k", task_id)
+    return None if decision is None else decision.state
+
+
+async def test_held_victims_are_superseded_when_the_primary_completes(loop: Loop) -> None:
+    old = loop.create()
+    new = loop.create()
+    await loop.feed()
+    await loop.enforce()
+    run = loop.last_run(old)
+    assert (run["state"], run["workerId"]) == ("running", "enforcer")  # out of the workers' way
+    assert await state(loop, old) == "held"
+    loop.resolve(loop.claim(new), "completed")
+    await loop.enforce()
+    assert loop.last_run(old)["reasonResolved"] == "superseded"
+    assert loop.artifact(old, 0, "public/superseded-by.json") == {"taskId": new, "runId": 0}
+    assert await state(loop, old) == "superseded"
+
+
+@pytest.mark.parametrize("how", ["failed", "malformed-payload"])
+async def test_held_victims_are_released_when_the_primary_does_not_complete(
+    loop: Loop, how: str
+) -> None:
+    old = loop.create()
+    new = loop.create()
+    await loop.feed()
+    await loop.enforce()
+    loop.resolve(loop.claim(new), how)
+    await loop.enforce()
+    runs = loop.status(old)["runs"]
+    assert [(r["state"], r.get("reasonResolved")) for r in runs] == [
+        ("exception", "worker-shutdown"),
+        ("pending", None),
+    ]
+    assert await state(loop, old) == "released"
+    # Back in the index, offered to workers again: it runs itself.
+    assert [t.task_id for t in await loop.store.pending("k", now_ms=loop.now_ms())] == [old]
+
+
+async def test_held_claims_are_renewed_until_the_primary_ends(loop: Loop) -> None:
+    old = loop.create()
+    loop.create()
+    await loop.feed()
+    await loop.enforce()
+    taken = loop.last_run(old)["takenUntil"]
+    for _ in range(4):  # 4 times 500 s: far past the first 20-minute claim
+        loop.em.clock.advance(500)
+        assert await loop.enforce() >= 1
+    run = loop.last_run(old)
+    assert run["state"] == "running" and run["takenUntil"] > taken
+    assert await state(loop, old) == "held"
+
+
+async def test_a_chain_of_held_victims_follows_the_final_primary(loop: Loop) -> None:
+    a = loop.create()
+    await loop.feed()
+    b = loop.create()
+    await loop.feed()
+    c = loop.create()
+    await loop.feed()
+    await loop.enforce()
+    assert [await state(loop, t) for t in (a, b)] == ["held", "held"]
+    loop.resolve(loop.claim(c), "completed")
+    await loop.enforce()
+    for task_id in (a, b):
+        assert loop.last_run(task_id)["reasonResolved"] == "superseded"
+        assert loop.artifact(task_id, 0, "public/superseded-by.json") == {"taskId": c, "runId": 0}

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+
+from coalescer.errors import ConfigError
+from coalescer.settings import Settings
+
+
+def test_defaults_serve_the_embedded_store_on_localhost() -> None:
+    s = Settings.from_environ({})
+    assert (s.redis_url, s.host, s.port, s.route_prefix, s.max_list) == (
+        None,
+        "127.0.0.1",
+        8000,
+        "coalesce.v1",
+        32,
+    )
+    assert s.ingest_token is None
+
+
+def test_secrets_never_print() -> None:
+    s = Settings.from_environ({"COALESCER_INGEST_TOKEN": "hunter2", "PULSE_URL": "amqp://u:pw@h/"})
+    assert "hunter2" not in repr(s) and "pw@" not in repr(s)
+    assert s.ingest_token is not None and s.ingest_token.reveal() == "hunter2"
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"PORT": "http"}, "PORT must be a whole number"),
+        ({"COALESCER_MAX_LIST": "0"}, "at least 1"),
+        ({"COALESCER_ROUTE_PREFIX": "a..b"}, "dotted route prefix"),
+        ({"PULSE_URL": "http://x"}, "amqp://"),
+        ({"COALESCER_REDIS_TLS_VERIFY": "maybe"}, "true or false"),
+    ],
+)
+def test_bad_settings_say_what_is_wrong(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_environ(env)
+
+
+def test_tls_verification_can_be_turned_off_for_self_signed_redis() -> None:
+    off = {"COALESCER_REDIS_TLS_VERIFY": "false"}
+    assert Settings.from_environ({**off, "REDIS_URL": "rediss://:p@h:6380"}).redis_url == (
+        "rediss://:p@h:6380?ssl_cert_reqs=none"
+    )
+    assert Settings.from_environ({**off, "REDIS_URL": "redis://h/0"}).redis_url == "redis://h/0"
+    assert Settings.from_environ({"REDIS_URL": "rediss://h"}).redis_url == "rediss://h"

@@ -1,0 +1,145 @@
+"""Helpers for the worker tests: served apps, a scriptable superseder, task builders."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import orjson
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import Response
+
+from coalescer.emulator.harness import QueueEmulator
+from coalescer.worker import Options, Shim
+
+QUEUE = "emulator-test/worker"
+ROUTE = "coalesce.v1.{key}"
+WORKER_CREDENTIALS = {"clientId": "worker", "accessToken": "no-secret"}
+
+
+class Served:
+    """An ASGI app served by uvicorn on a free loopback port from a background thread."""
+
+    def __init__(self, app: Any) -> None:
+        self._socket = socket.socket()
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="on", ws="none", http="h11"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=lambda: self._server.run(sockets=[self._socket]), daemon=True
+        )
+
+    def __enter__(self) -> Served:
+        self._thread.start()
+        give_up = time.monotonic() + 10
+        while not self._server.started:
+            assert self._thread.is_alive() and time.monotonic() < give_up, "server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._socket.close()
+
+
+Answer = Callable[[str, str], Awaitable[Response]]
+
+
+class Superseder:
+    """``GET /<key>?taskId=`` answers ``lists[key]`` (default: just the taskId), or whatever
+    ``answer`` returns when set. ``asked`` records ``(key, taskId)``."""
+
+    def __init__(self) -> None:
+        self.lists: dict[str, list[str]] = {}
+        self.answer: Answer | None = None
+        self.asked: list[tuple[str, str]] = []
+        self.url = ""
+
+    async def endpoint(self, request: Request) -> Response:
+        key = request.path_params["key"]
+        task_id = request.query_params.get("taskId", "")
+        self.asked.append((key, task_id))
+        if self.answer is not None:
+            return await self.answer(key, task_id)
+        body = {"supersedes": self.lists.get(key, [task_id])}
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    def url_for(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+
+def make_shim(emulator: QueueEmulator, options: Options, worker_id: str = "w1") -> Shim:
+    return Shim(
+        root_url=emulator.root_url,
+        credentials=WORKER_CREDENTIALS,
+        worker_group="wg",
+        worker_id=worker_id,
+        options=options,
+        clock=emulator.clock.now,
+        max_retries=0,
+    )
+
+
+@dataclasses.dataclass
+class Tasks:
+    """Creates tasks that coalesce under a key and name the test superseder."""
+
+    emulator: QueueEmulator
+    superseder: Superseder
+
+    def create(
+        self, key: str = "k", *, url: str | None = None, queue: str = QUEUE, **extra: Any
+    ) -> str:
+        payload: dict[str, Any] = {"command": ["true"], "maxRunTime": 30}
+        payload["supersederUrl"] = self.superseder.url_for(key) if url is None else url
+        if url == "":
+            del payload["supersederUrl"]
+        payload.update(extra.pop("payload", {}))
+        routes = extra.pop("routes", [ROUTE.format(key=key)])
+        return self.emulator.create_task(taskQueueId=queue, routes=routes, payload=payload, **extra)
+
+    def status(self, task_id: str) -> dict[str, Any]:
+        return dict(self.emulator.queue().status(task_id)["status"])
+
+    def last_run(self, task_id: str) -> dict[str, Any]:
+        return dict(self.status(task_id)["runs"][-1])
+
+    def artifact(self, task_id: str, run_id: int, name: str) -> Any:
+        url = f"{self.emulator.root_url}/emulator/v1/blobs/{task_id}/{run_id}/{name}"
+        response = httpx.get(url)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return orjson.loads(response.content) if name.endswith(".json") else response.text
+
+
+async def claim_work(shim: Shim, count: int = 1) -> list[dict[str, Any]]:
+    """What ``claimWork`` hands this shim's worker (the oldest pending tasks first)."""
+    answer = await shim.queue.claimWork(
+        QUEUE, {"tasks": count, "workerGroup": shim.worker_group, "workerId": shim.worker_id}
+    )
+    return list(answer["tasks"])
+
+
+async def poll(check: Callable[[], Any], within: float = 10.0, what: str = "condition") -> Any:
+    """Wait until ``check()`` is truthy (in a thread: it may call the sync queue client)."""
+    give_up = time.monotonic() + within
+    while True:
+        result = await asyncio.to_thread(check)
+        if result:
+            return result
+        if time.monotonic() > give_up:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)

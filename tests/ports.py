@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 import socket
 
+#: RabbitMQ's command-line tools take ports from this range for their Erlang distribution.
+_RABBITMQ_CLI = range(35672, 35683)
+
 
 def free_port() -> int:
     """A port nothing listens on right now (the kernel's choice)."""
@@ -22,14 +25,16 @@ def _bindable(port: int) -> bool:
         return True
 
 
-def free_cluster_port() -> int:
-    """A port for a Redis Cluster node: it also listens on ``port + 10000`` (its bus).
+def free_port_pair(offset: int) -> int:
+    """A free port ``p`` whose companion ``p + offset`` is free too, for servers that listen on
+    both: a Redis Cluster node's bus (+10000), a RabbitMQ node's distribution port (+20000).
 
-    The kernel's ephemeral ports reach 60999, where the bus port would not exist, so the
-    port is drawn from 20000-45000 and both it and its bus port must be free.
+    The kernel's ephemeral ports reach 60999, where the companion might not exist, so ``p`` is
+    drawn from 20000-45000.
     """
     for _ in range(200):
         port = random.randint(20000, 45000)
-        if _bindable(port) and _bindable(port + 10000):
+        pair = (port, port + offset)
+        if all(p not in _RABBITMQ_CLI and _bindable(p) for p in pair):
             return port
-    raise RuntimeError("no free port pair (p, p+10000) for a Redis Cluster node on 127.0.0.1")
+    raise RuntimeError(f"no free port pair (p, p+{offset}) on 127.0.0.1")

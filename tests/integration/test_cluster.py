@@ -18,7 +18,7 @@ from coalescer.model import TaskEvent
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
 from coalescer.web.app import create_app
-from tests.ports import free_cluster_port
+from tests.ports import free_port_pair
 from tests.web.conftest import AUTH, at, ids
 
 NOW = 1_893_456_000_000
@@ -30,7 +30,7 @@ def cluster_url() -> Iterator[str]:
     if server is None or cli is None:
         pytest.fail("redis-server and redis-cli are needed: apt-get install redis-server")
     workdir = tempfile.mkdtemp(prefix="coalescer-cluster-")
-    ports = [free_cluster_port() for _ in range(3)]
+    ports = [free_port_pair(10000) for _ in range(3)]
     procs = [
         subprocess.Popen(
             [

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from urllib.parse import urlsplit
 
 
 def say(message: str) -> None:
@@ -49,7 +50,9 @@ def free_port() -> int:
 
 
 def ensure_binary(binary: str, package: str, hint: str | None = None) -> str:
-    found = shutil.which(binary) or (f"/usr/sbin/{binary}" if os.path.exists(f"/usr/sbin/{binary}") else None)
+    found = shutil.which(binary) or (
+        f"/usr/sbin/{binary}" if os.path.exists(f"/usr/sbin/{binary}") else None
+    )
     if found:
         return found
     if os.geteuid() == 0 and shutil.which("apt-get"):
@@ -74,8 +77,23 @@ def start_redis() -> tuple[str, subprocess.Popen[bytes], str]:
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="coalescer-redis-")
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
         stdout=subprocess.DEVNULL,
     )
     if not wait_for("127.0.0.1", port, 10):
@@ -118,8 +136,12 @@ def main(argv: list[str]) -> int:
     amqp_url = env.get("COALESCER_TEST_AMQP_URL") or env.get("PULSE_URL") or ensure_rabbitmq()
     env["COALESCER_TEST_REDIS_URL"] = redis_url
     env["COALESCER_TEST_AMQP_URL"] = amqp_url
-    if any("pytest" in arg for arg in argv):  # the browser test; not for benchmarks
-        env["COALESCER_TEST_CHROMIUM"] = ensure_chromium()
+    if any("pytest" in arg for arg in argv):  # not for benchmarks
+        env["COALESCER_TEST_CHROMIUM"] = ensure_chromium()  # the browser test
+        ensure_binary("openssl", "openssl")  # certificates for the amqps test
+        if urlsplit(amqp_url).hostname in ("127.0.0.1", "localhost", "::1"):
+            # the tests that cut connections and start a broker node of their own
+            ensure_binary("rabbitmqctl", "rabbitmq-server")
     env.pop("REDIS_URL", None)
     try:
         return subprocess.call(argv, env=env)

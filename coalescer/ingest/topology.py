@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -113,6 +114,17 @@ async def prepare(
     return True
 
 
+def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The failed certificate check behind ``exc`` (aiormq wraps it), if that is what it is:
+    retrying cannot fix it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 async def _connect(url: str, name: str, stop: asyncio.Event) -> AbstractConnection | None:
     delay = 1.0
     while not stop.is_set():
@@ -128,6 +140,12 @@ async def _connect(url: str, name: str, stop: asyncio.Event) -> AbstractConnecti
                 f"the broker at {redact_url(url)} refused PULSE_URL's credentials"
             ) from exc
         except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
+            if (untrusted := _certificate_error(exc)) is not None:
+                raise ConfigError(
+                    f"the broker at {redact_url(url)} has a certificate this machine does not "
+                    f"trust ({untrusted.verify_message}); for a private CA, add "
+                    "?cafile=/path/to/ca.pem to PULSE_URL or point SSL_CERT_FILE at it"
+                ) from exc
             log.warning(
                 "broker at %s unreachable (%s); retrying in %.0f s",
                 redact_url(url),

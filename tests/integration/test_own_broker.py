@@ -1,6 +1,6 @@
-"""``coalescer listen`` through a whole broker restart: a RabbitMQ node of the test's own (the
-shared one serves the rest of the suite) is stopped and started again under a running consumer,
-which reconnects by itself, finds its durable queue and loses no event."""
+"""``coalescer listen`` against a RabbitMQ node of the test's own (the shared one serves the rest
+of the suite): through a whole broker restart, which it rides out by itself, finding its durable
+queue and losing no event; and over TLS (``amqps://``), with a certificate it must verify."""
 
 # The prefix fixture is shared with test_pulse.py by importing it, which pytest supports and ruff
 # takes for a redefinition.
@@ -9,6 +9,7 @@ which reconnects by itself, finds its durable queue and loses no event."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import uuid
@@ -29,7 +30,7 @@ from tests.integration.test_pulse import (  # noqa: F401  (fixture)
     routes,
 )
 from tests.integration.test_pulse_process import Listen, pending_count
-from tests.ports import free_port_pair
+from tests.ports import free_port, free_port_pair
 
 #: Where Debian's package keeps the server's own scripts (``/usr/sbin``'s wrappers switch to the
 #: ``rabbitmq`` user, and with it to the shared node's files).
@@ -47,6 +48,16 @@ class Node:
         self.name = f"coalescer-{uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port_pair(20000)
         (workdir / "enabled_plugins").write_text("[].\n")  # no management listener to collide
+        self.tls_port = free_port()
+        self.ca = make_certificates(workdir)
+        (workdir / "rabbitmq.conf").write_text(
+            f"listeners.ssl.default = {self.tls_port}\n"
+            f"ssl_options.cacertfile = {self.ca}\n"
+            f"ssl_options.certfile = {workdir / 'server.pem'}\n"
+            f"ssl_options.keyfile = {workdir / 'server.key'}\n"
+            "ssl_options.verify = verify_none\n"
+            "ssl_options.fail_if_no_peer_cert = false\n"
+        )
         self.env = {
             **os.environ,
             "HOME": str(workdir),  # the node's Erlang cookie, shared with rabbitmqctl below
@@ -63,6 +74,7 @@ class Node:
             "RABBITMQ_PID_FILE": str(workdir / "pid"),
         }
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        self.tls_url = f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
 
     def _run(self, *argv: str, timeout: float = 90) -> None:
         done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -88,6 +100,63 @@ class Node:
                 os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
                 pass
+
+
+def make_certificates(workdir: Path) -> Path:
+    """A private CA and a server certificate for 127.0.0.1 it signed; returns the CA's file."""
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl not found: apt-get install openssl")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=workdir, check=True, capture_output=True)
+
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=coalescer test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    )
+    (workdir / "san.ext").write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    )
+    return workdir / "ca.pem"
 
 
 @pytest.fixture
@@ -125,14 +194,7 @@ async def test_the_consumer_rides_out_a_broker_restart_and_loses_nothing(
     prefix: str,
     tmp_path: Path,
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COALESCER_", "PULSE_"))}
-    env.update(
-        REDIS_URL=redis_url,
-        PULSE_URL=node.url,
-        PULSE_QUEUE=publisher.queue,
-        COALESCER_ROUTE_PREFIX=prefix,
-        COALESCER_LOG_FORMAT="text",
-    )
+    env = listen_env(node.url, redis_url, publisher.queue, prefix)
     tasks = ids(3000)
     messages = [make_message(t, routes=routes(prefix, "k")) for t in tasks]
     listen = Listen(env, tmp_path / "listen.log")
@@ -160,6 +222,49 @@ async def test_the_consumer_rides_out_a_broker_restart_and_loses_nothing(
     finally:
         listen.kill()
     assert await pending_count(store) == len(tasks)
+
+
+def listen_env(url: str, redis_url: str, queue: str, prefix: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COALESCER_", "PULSE_"))}
+    env.update(
+        REDIS_URL=redis_url,
+        PULSE_URL=url,
+        PULSE_QUEUE=queue,
+        COALESCER_ROUTE_PREFIX=prefix,
+        COALESCER_LOG_FORMAT="text",
+    )
+    return env
+
+
+@needs_rabbitmqctl
+async def test_amqps_with_a_verified_certificate(
+    node: Node, publisher: Broker, store: Store, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    tasks = ids(50)
+    env = listen_env(f"{node.tls_url}?cafile={node.ca}", redis_url, publisher.queue, prefix)
+    listen = Listen(env, tmp_path / "listen.log")
+    try:
+        await listen.started()
+        await publisher.publish_all([make_message(t, routes=routes(prefix, "k")) for t in tasks])
+        await eventually(lambda: _reached(store, len(tasks)), what="every event over TLS")
+        listen.proc.send_signal(signal.SIGTERM)
+        assert await listen.exited() == 0, listen.output()
+    finally:
+        listen.kill()
+
+
+@needs_rabbitmqctl
+async def test_an_untrusted_certificate_stops_listen_with_a_clear_message(
+    node: Node, publisher: Broker, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    env = listen_env(node.tls_url, redis_url, publisher.queue, prefix)
+    listen = Listen(env, tmp_path / "listen.log")
+    try:
+        assert await listen.exited(within=30) == 2, listen.output()
+    finally:
+        listen.kill()
+    assert "certificate this machine does not trust" in listen.output()
+    assert "SSL_CERT_FILE" in listen.output()
 
 
 async def _reached(store: Store, count: int) -> bool:

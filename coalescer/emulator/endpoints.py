@@ -79,6 +79,10 @@ async def cancel_task(call: Call) -> Any:
     return call.apply(lambda now: call.state.cancel_task(call.task_id, now))
 
 
+async def rerun_task(call: Call) -> Any:
+    return call.apply(lambda now: call.state.rerun_task(call.task_id, now))
+
+
 async def pending_tasks(call: Call) -> Any:
     queue_id = call.params["taskQueueId"]
     provisioner, _, worker_type = queue_id.partition("/")
@@ -252,6 +256,7 @@ HANDLERS: dict[str, Handler] = {
     "createTask": create_task,
     "scheduleTask": schedule_task,
     "cancelTask": cancel_task,
+    "rerunTask": rerun_task,
     "pendingTasks": pending_tasks,
     "claimWork": claim_work,
     "claimTask": claim_task,

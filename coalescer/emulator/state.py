@@ -1,5 +1,5 @@
 """The task life-cycle (seed 002) as pure state transitions: creation, dependencies,
-scheduling, cancellation, claim expiry, deadlines and expiry. The worker's side (claims and
+scheduling, cancellation, reruns, claim expiry, deadlines and expiry. The worker's side (claims and
 resolutions, seed 003) is in :mod:`coalescer.emulator.claims`.
 
 Every operation takes ``now`` and returns ``(response body, messages to publish)``; nothing here
@@ -26,6 +26,9 @@ from coalescer.emulator.messages import Message
 from coalescer.emulator.model import RESOLVED, QueueError, Run, Task
 
 Outcome = tuple[Any, list[Message]]
+
+#: Runs a task may have; rerunTask refuses past it, as the real queue does.
+MAX_RUNS = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +159,24 @@ class QueueState:
             return {"status": task.status()}, []
         self.resolve(run, "exception", "canceled", now)
         return {"status": task.status()}, self.resolved(task, run, now)
+
+    def rerun_task(self, task_id: str, now: datetime) -> Outcome:
+        """rerunTask: a new pending run (``rerun``) for a resolved or unscheduled task, with its
+        retries reset; a pending or running task is left as it is (idempotent)."""
+        task = self.task(task_id)
+        if now >= task.deadline:
+            raise QueueError(
+                "RequestConflict", f"Task `{task_id}` can't be rescheduled past its deadline."
+            )
+        if task.state in ("pending", "running"):
+            return {"status": task.status()}, []
+        if len(task.runs) >= MAX_RUNS:
+            raise QueueError(
+                "RequestConflict", f"Task `{task_id}` has reached the maximum of {MAX_RUNS} runs."
+            )
+        task.retries_left = task.definition["retries"]
+        run = self.new_run(task, "rerun", now)
+        return {"status": task.status()}, [msg.task_pending(task, run)]
 
     # -- artifacts -----------------------------------------------------------------------------
 

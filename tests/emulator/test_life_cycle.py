@@ -271,3 +271,42 @@ def test_claim_work_returns_an_empty_list_after_the_long_poll_bound(
     started = time.monotonic()
     assert queue.claimWork(QUEUE_ID, {**WORKER, "tasks": 1})["tasks"] == []
     assert 0.9 <= time.monotonic() - started < 3.0  # the fixture's bound is 1 s
+
+
+def test_rerun_task_runs_a_resolved_task_again_with_its_retries_reset(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    task_id = em.create_task(routes=["coalesce.v1.k"], retries=1)
+    worker = as_worker(em, claim_one(em, queue, task_id))
+    worker.reportException(task_id, 0, {"reason": "intermittent-task"})  # uses the one retry
+    assert queue.status(task_id)["status"]["retriesLeft"] == 0
+    worker = as_worker(em, claim_one(em, queue, task_id))
+    worker.reportCompleted(task_id, 1)
+
+    status = queue.rerunTask(task_id)["status"]
+    assert status["state"] == "pending"
+    assert status["retriesLeft"] == 1
+    assert [(r["runId"], r["reasonCreated"]) for r in status["runs"]][-1] == (2, "rerun")
+    rerun = em.messages("task-pending", task_id)[-1]
+    assert rerun["payload"]["runId"] == 2 and rerun["CC"] == ["route.coalesce.v1.k"]
+    # Idempotent while the new run is pending: no run, no message.
+    assert queue.rerunTask(task_id)["status"]["runs"] == status["runs"]
+    assert kinds(em, task_id).count("task-pending") == 3
+
+
+def test_rerun_task_schedules_an_unscheduled_task_whatever_its_dependencies(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    waiting = taskcluster.slugid.nice()
+    queue.createTask(waiting, em.task_definition(dependencies=[waiting]))
+    runs = queue.rerunTask(waiting)["status"]["runs"]
+    assert [(r["state"], r["reasonCreated"]) for r in runs] == [("pending", "rerun")]
+
+
+def test_rerun_task_is_refused_past_the_deadline(em: QueueEmulator, queue: CheckedQueue) -> None:
+    task_id = em.create_task()
+    queue.cancelTask(task_id)
+    em.clock.advance(3601)  # past the deadline
+    with pytest.raises(TaskclusterRestFailure) as late:
+        queue.rerunTask(task_id)
+    assert late.value.status_code == 409

@@ -53,6 +53,29 @@ async def status(call: Call) -> Any:
     return call.read(lambda: {"status": call.state.task(call.task_id).status()})
 
 
+def _bulk(call: Call, field: str, describe: Any) -> Any:
+    """``tasks`` and ``statuses``: one entry per requested task that exists (unknown ones are
+    left out, as the real queue does), paged like the other listings."""
+
+    def query() -> dict[str, Any]:
+        found = [call.state.tasks[t] for t in call.body.get("taskIds", []) if t in call.state.tasks]
+        page, token = _page(found, call.request.query_params)
+        out: dict[str, Any] = {field: [{"taskId": t.task_id, **describe(t)} for t in page]}
+        if token:
+            out["continuationToken"] = token
+        return out
+
+    return call.read(query)
+
+
+async def tasks(call: Call) -> Any:
+    return _bulk(call, "tasks", lambda t: {"task": t.definition})
+
+
+async def statuses(call: Call) -> Any:
+    return _bulk(call, "statuses", lambda t: {"status": t.status()})
+
+
 async def list_dependent_tasks(call: Call) -> Any:
     def query() -> dict[str, Any]:
         page, token = _page(call.state.dependents(call.task_id), call.request.query_params)
@@ -252,6 +275,8 @@ HANDLERS: dict[str, Handler] = {
     "version": version,
     "task": task,
     "status": status,
+    "tasks": tasks,
+    "statuses": statuses,
     "listDependentTasks": list_dependent_tasks,
     "createTask": create_task,
     "scheduleTask": schedule_task,

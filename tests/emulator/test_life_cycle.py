@@ -310,3 +310,24 @@ def test_rerun_task_is_refused_past_the_deadline(em: QueueEmulator, queue: Check
     with pytest.raises(TaskclusterRestFailure) as late:
         queue.rerunTask(task_id)
     assert late.value.status_code == 409
+
+
+def test_tasks_and_statuses_answer_many_tasks_at_once_leaving_out_unknown_ones(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    created = [em.create_task(routes=[f"coalesce.v1.k{i}"]) for i in range(5)]
+    unknown = taskcluster.slugid.nice()
+    asked = {"taskIds": [created[0], unknown, *created[1:]]}
+    statuses = queue.statuses(asked)
+    assert "continuationToken" not in statuses
+    assert [s["taskId"] for s in statuses["statuses"]] == created
+    assert all(s["status"] == queue.status(s["taskId"])["status"] for s in statuses["statuses"])
+    definitions = queue.tasks(asked)["tasks"]
+    assert [(d["taskId"], d["task"]["routes"]) for d in definitions] == [
+        (t, [f"coalesce.v1.k{i}"]) for i, t in enumerate(created)
+    ]
+    # Paged by limit, each page's token leading to the next.
+    first = queue.statuses(payload=asked, query={"limit": 2})
+    token = first["continuationToken"]
+    rest = queue.statuses(payload=asked, query={"limit": 2, "continuationToken": token})
+    assert [s["taskId"] for s in first["statuses"] + rest["statuses"]] == created[:4]

@@ -75,9 +75,17 @@ def register(sub: Any) -> None:
     rec.add_argument(
         "--concurrency",
         type=_positive,
-        default=16,
+        default=4,
         metavar="N",
-        help="status requests in flight (default 16)",
+        help="status requests in flight (default 4)",
+    )
+    rec.add_argument(
+        "--batch",
+        type=_positive,
+        default=500,
+        metavar="N",
+        help="tasks per status request (default 500; a queue without the bulk endpoint is "
+        "asked task by task, N at once)",
     )
     rec.add_argument(
         "--progress",
@@ -208,7 +216,12 @@ async def _reconcile_once(store: Any, queue: Any, args: argparse.Namespace) -> A
         total=len(tasks), desc="reconcile", unit="task", file=sys.stderr, disable=disable
     ) as bar:
         summary = await reconcile(
-            store, tasks, queue_fetcher(queue), concurrency=args.concurrency, progress=bar.update
+            store,
+            tasks,
+            queue_fetcher(queue),
+            concurrency=args.concurrency,
+            batch=args.batch,
+            progress=bar.update,
         )
     summary.keys = keys
     return summary

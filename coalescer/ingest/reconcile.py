@@ -1,10 +1,10 @@
 """Reconciliation: check what the index holds against the queue, and fix it.
 
 Events can be lost (a crash between publish and delivery, a queue deleted by Pulse). For every
-task the index knows, the queue's ``status`` is turned into an event by the same version logic
-as a Pulse message (:func:`~coalescer.ingest.events.status_event`) and applied: a newer status
-fixes the index, an equal or older one changes nothing. A task the queue no longer knows (404)
-is removed. The routes of an indexed task are known from the keys it is indexed under.
+task the index knows, the queue's status (asked for many tasks at once) is turned into an event
+by the same version logic as a Pulse message (:func:`~coalescer.ingest.events.status_event`) and
+applied: a newer status fixes the index, an equal or older one changes nothing. A task the
+queue no longer knows is removed. The routes of an indexed task are known from the keys it is indexed under.
 """
 
 from __future__ import annotations
@@ -13,22 +13,23 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 from taskcluster.exceptions import TaskclusterFailure, TaskclusterRestFailure
 
-from coalescer import schemas
 from coalescer.errors import InvalidEvent
+from coalescer.ingest import validation
 from coalescer.ingest.events import status_event
 from coalescer.model import TaskEvent
 from coalescer.store import Store
 
 log = logging.getLogger(__name__)
 
-#: A task's status (``task-status.json``), or ``None`` when the queue does not know the task.
-StatusFetcher = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+#: The statuses (``task-status.json``) of the tasks the queue knows among those asked for, by
+#: taskId; a task left out is one the queue does not know.
+StatusFetcher = Callable[[Sequence[str]], Awaitable[Mapping[str, Mapping[str, Any]]]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,23 +72,55 @@ async def indexed_tasks(store: Store) -> tuple[int, dict[str, Indexed]]:
 
 
 def queue_fetcher(queue: Any) -> StatusFetcher:
-    """A :data:`StatusFetcher` on an official ``taskcluster.aio.Queue`` client; the answer is
-    checked against the saved schema, as a Pulse message is."""
+    """A :data:`StatusFetcher` on an official ``taskcluster.aio.Queue`` client: the queue's bulk
+    ``statuses`` endpoint, or ``status`` task by task on a queue that lacks it (404). Answers
+    are checked against the saved schemas, as Pulse messages are."""
+    bulk = True
 
-    async def fetch(task_id: str) -> Mapping[str, Any] | None:
-        try:
-            body = await queue.status(task_id)
-        except TaskclusterRestFailure as exc:
-            if exc.status_code == 404:
-                return None
-            raise
-        problems = schemas.errors("task-status-response", body)
-        if problems:
-            raise InvalidEvent("the queue's status fails its schema: " + "; ".join(problems))
-        status: Mapping[str, Any] = body["status"]
-        return status
+    async def fetch(task_ids: Sequence[str]) -> Mapping[str, Mapping[str, Any]]:
+        nonlocal bulk
+        if bulk:
+            try:
+                return await _statuses(queue, task_ids)
+            except TaskclusterRestFailure as exc:
+                if exc.status_code != 404:
+                    raise
+                bulk = False
+                log.info("the queue has no bulk statuses endpoint: asking task by task")
+        found = await asyncio.gather(*(_status(queue, t) for t in task_ids))
+        return {t: status for t, status in zip(task_ids, found, strict=True) if status}
 
     return fetch
+
+
+async def _statuses(queue: Any, task_ids: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+    out: dict[str, Mapping[str, Any]] = {}
+    query: dict[str, Any] = {}
+    while True:
+        body = await queue.statuses(payload={"taskIds": list(task_ids)}, query=query)
+        _check("tasks-statuses-response", body)
+        out.update((entry["taskId"], entry["status"]) for entry in body["statuses"])
+        if "continuationToken" not in body:
+            return out
+        query = {"continuationToken": body["continuationToken"]}
+
+
+async def _status(queue: Any, task_id: str) -> Mapping[str, Any] | None:
+    try:
+        body = await queue.status(task_id)
+    except TaskclusterRestFailure as exc:
+        if exc.status_code == 404:
+            return None
+        raise
+    _check("task-status-response", body)
+    status: Mapping[str, Any] = body["status"]
+    return status
+
+
+def _check(schema: str, body: Any) -> None:
+    problems = validation.errors(schema, body)
+    if problems:
+        raise InvalidEvent(f"the queue's {schema} fails its schema: " + "; ".join(problems))
 
 
 async def reconcile(
@@ -95,21 +128,45 @@ async def reconcile(
     tasks: Mapping[str, Indexed],
     fetch: StatusFetcher,
     *,
-    concurrency: int = 16,
-    chunk: int = 200,
+    concurrency: int = 4,
+    batch: int = 500,
     progress: Callable[[int], object] | None = None,
 ) -> Summary:
-    """Check ``tasks`` (from :func:`indexed_tasks`) with at most ``concurrency`` status
-    requests in flight; events are applied ``chunk`` at a time, one round trip each."""
+    """Check ``tasks`` (from :func:`indexed_tasks`), ``batch`` tasks per status request with at
+    most ``concurrency`` requests in flight; each batch's events are applied in one round
+    trip."""
     started = time.monotonic()
     summary = Summary(tasks=len(tasks))
     todo = list(tasks.items())
-    ready: list[TaskEvent] = []
 
-    async def flush() -> None:
-        batch = ready[:]
-        ready.clear()
-        for outcome in await store.apply(batch) if batch else []:
+    async def check(chunk: list[tuple[str, Indexed]]) -> None:
+        try:
+            statuses = await fetch([task_id for task_id, _ in chunk])
+        except (TaskclusterFailure, aiohttp.ClientError, TimeoutError, InvalidEvent) as exc:
+            # The client has retried 5xx and connection errors already; the next run retries.
+            summary.failed += len(chunk)
+            log.warning("could not check %d tasks: %s", len(chunk), exc)
+            return
+        events: list[TaskEvent] = []
+        for task_id, known in chunk:
+            status = statuses.get(task_id)
+            if status is None:
+                for key in known.keys:
+                    await store.forget(key, [task_id])
+                summary.removed += 1
+                log.info("removed task %s: the queue does not know it", task_id)
+                continue
+            try:
+                event = status_event(status, known.keys, order=known.order)
+            except InvalidEvent as exc:
+                summary.failed += 1
+                log.warning("could not check task %s: %s", task_id, exc)
+                continue
+            if event is None:  # unscheduled, no run: nothing the index could say about it
+                summary.unchanged += 1
+            else:
+                events.append(event)
+        for outcome in await store.apply(events) if events else []:
             if outcome == "applied":
                 summary.fixed += 1
             elif outcome == "expired":
@@ -117,36 +174,14 @@ async def reconcile(
             else:
                 summary.unchanged += 1
 
-    async def check(task_id: str, known: Indexed) -> None:
-        try:
-            status = await fetch(task_id)
-            if status is None:
-                for key in known.keys:
-                    await store.forget(key, [task_id])
-                summary.removed += 1
-                log.info("removed task %s: the queue does not know it", task_id)
-                return
-            event = status_event(status, known.keys, order=known.order)
-        except (TaskclusterFailure, aiohttp.ClientError, TimeoutError, InvalidEvent) as exc:
-            # The client has retried 5xx and connection errors already; the next run retries.
-            summary.failed += 1
-            log.warning("could not check task %s: %s", task_id, exc)
-            return
-        if event is None:  # unscheduled, no run: nothing the index could say about it
-            summary.unchanged += 1
-            return
-        ready.append(event)
-        if len(ready) >= chunk:
-            await flush()
-
     async def worker() -> None:
         while todo:
-            task_id, known = todo.pop()
-            await check(task_id, known)
+            chunk = todo[-batch:]
+            del todo[-batch:]
+            await check(chunk)
             if progress is not None:
-                progress(1)
+                progress(len(chunk))
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
-    await flush()
     summary.seconds = time.monotonic() - started
     return summary

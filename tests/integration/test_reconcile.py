@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 import taskcluster
 import taskcluster.aio
+from taskcluster.exceptions import TaskclusterRestFailure
 
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.errors import InvalidEvent
@@ -92,8 +93,16 @@ async def test_reconcile_recovers_missed_events_and_removes_unknown_tasks(
     keys, indexed = await indexed_tasks(store)
     assert keys == 2 and set(indexed) == set(tasks.values())
     seen: list[int] = []
+    requests: list[list[str]] = []
+    statuses = queue.statuses
+
+    async def counted(*, payload: dict[str, Any], **kwargs: Any) -> Any:
+        requests.append(payload["taskIds"])
+        return await statuses(payload=payload, **kwargs)
+
+    queue.statuses = counted
     summary = await reconcile(
-        store, indexed, queue_fetcher(queue), concurrency=3, progress=seen.append
+        store, indexed, queue_fetcher(queue), concurrency=3, batch=2, progress=seen.append
     )
     assert (summary.tasks, summary.fixed, summary.unchanged, summary.removed, summary.failed) == (
         5,
@@ -103,6 +112,7 @@ async def test_reconcile_recovers_missed_events_and_removes_unknown_tasks(
         0,
     )
     assert sum(seen) == 5
+    assert sorted(len(r) for r in requests) == [1, 2, 2]  # three bulk requests for five tasks
     # The retried task is pending again, in its original place; both keys agree.
     assert await pending(store) == [tasks["retried"], tasks["untouched"]]
     assert await pending(store, "other") == [tasks["retried"], tasks["untouched"]]
@@ -119,13 +129,13 @@ async def test_a_failed_status_request_is_counted_and_the_rest_goes_on(
     await deliver(store, prefix, *(make_message(t, routes=(f"{prefix}.k",)) for t in (good, bad)))
     completed = make_message(good, "completed", routes=(f"{prefix}.k",))["payload"]["status"]
 
-    async def fetch(task_id: str) -> Mapping[str, Any] | None:
-        if task_id == bad:
-            raise InvalidEvent("the queue's status fails its schema")
-        return completed  # type: ignore[no-any-return]
+    async def fetch(task_ids: Sequence[str]) -> Mapping[str, Mapping[str, Any]]:
+        if bad in task_ids:
+            raise InvalidEvent("the queue's statuses fail their schema")
+        return {good: completed}
 
     _, indexed = await indexed_tasks(store)
-    summary = await reconcile(store, indexed, fetch)
+    summary = await reconcile(store, indexed, fetch, batch=1)
     assert (summary.fixed, summary.failed) == (1, 1)
     assert await pending(store) == [bad]
 
@@ -146,7 +156,9 @@ async def test_the_command_shows_progress_and_a_summary(
     queue_emulator: QueueEmulator, store: Store, redis_url: str, diverged: Any
 ) -> None:
     tasks = await diverged()
-    proc = reconcile_process(queue_emulator.root_url, redis_url, "--progress", "--concurrency", "2")
+    proc = reconcile_process(
+        queue_emulator.root_url, redis_url, "--progress", "--concurrency", "2", "--batch", "2"
+    )
     out, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == 0, err
     assert out.strip().endswith(
@@ -184,3 +196,24 @@ def test_reconcile_needs_the_queue_and_redis(redis_url: str) -> None:
         timeout=60,
     )
     assert run.returncode == 2 and "TASKCLUSTER_ROOT_URL is not set" in run.stderr
+
+
+async def test_a_queue_without_bulk_statuses_is_asked_task_by_task(
+    store: Store, queue: Any, diverged: Any
+) -> None:
+    tasks = await diverged()
+    asked: list[str] = []
+    status = queue.status
+
+    async def statuses(**_: Any) -> Any:  # an older queue: no such endpoint
+        raise TaskclusterRestFailure("not found", superExc=None, status_code=404)
+
+    async def one(task_id: str) -> Any:
+        asked.append(task_id)
+        return await status(task_id)
+
+    queue.statuses, queue.status = statuses, one
+    summary = await reconcile(store, (await indexed_tasks(store))[1], queue_fetcher(queue))
+    assert (summary.fixed, summary.unchanged, summary.removed, summary.failed) == (3, 1, 1, 0)
+    assert sorted(asked) == sorted(tasks.values())
+    assert await pending(store) == [tasks["retried"], tasks["untouched"]]

@@ -7,8 +7,13 @@ import orjson
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
+
 BODY = orjson.dumps({"supersedes": ["fN1SbArXTPSVFNUvaOlinQ"] * 32})
+
+
 async def endpoint(request):
     request.query_params.get("taskId")
     return Response(BODY, media_type="application/json")
+
+
 app = Starlette(routes=[Route("/{path:path}", endpoint)])

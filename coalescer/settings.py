@@ -46,6 +46,7 @@ def redact_url(url: str) -> str:
     return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
+_FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
@@ -61,6 +62,11 @@ class Settings:
     ingest_token: Secret | None = None
     max_body_bytes: int = 1 << 20
     taskcluster_root_url: str | None = None
+    #: ``COALESCER_LEARN_UNKNOWN``: ask the queue about a queried task the index does not know
+    #: (only with ``TASKCLUSTER_ROOT_URL``; see coalescer.ingest.learn)
+    learn_unknown: bool = True
+    #: ``COALESCER_LEARN_TIMEOUT``: seconds a query waits for the queue's answer at most
+    learn_timeout: float = 2.0
     pulse_url: Secret | None = None
     pulse_queue: str | None = None
     pulse_prefetch: int = 64
@@ -91,6 +97,26 @@ class Settings:
                 raise ConfigError(f"{name} must be at least {minimum}, not {value}")
             return value
 
+        def flag(name: str, default: bool) -> bool:
+            raw = get(name)
+            if raw is None:
+                return default
+            if raw.lower() not in _FLAGS:
+                raise ConfigError(f"{name} must be true or false, not {raw!r}")
+            return _FLAGS[raw.lower()]
+
+        def seconds(name: str, default: float) -> float:
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
+            if not 0 < value <= 60:
+                raise ConfigError(f"{name} must be more than 0 and at most 60, not {raw}")
+            return value
+
         prefix = get("COALESCER_ROUTE_PREFIX") or cls.route_prefix
         if not _PREFIX_RE.match(prefix):
             raise ConfigError(f"COALESCER_ROUTE_PREFIX {prefix!r} is not a dotted route prefix")
@@ -109,6 +135,8 @@ class Settings:
             ingest_token=Secret(token) if token else None,
             max_body_bytes=integer("COALESCER_MAX_BODY_BYTES", cls.max_body_bytes, 1024),
             taskcluster_root_url=(get("TASKCLUSTER_ROOT_URL") or "").rstrip("/") or None,
+            learn_unknown=flag("COALESCER_LEARN_UNKNOWN", cls.learn_unknown),
+            learn_timeout=seconds("COALESCER_LEARN_TIMEOUT", cls.learn_timeout),
             pulse_url=Secret(pulse) if pulse else None,
             pulse_queue=get("PULSE_QUEUE"),
             pulse_prefetch=integer("COALESCER_PULSE_PREFETCH", cls.pulse_prefetch, 1),

@@ -3,6 +3,7 @@
 * :mod:`~coalescer.policy.rules` — the policy file, parsed and validated (pure).
 * :mod:`~coalescer.policy.actions` — carrying out one decision on the queue, idempotently.
 * :mod:`~coalescer.policy.enforcer` — ``coalescer enforce``: the outbox consumer.
+* :mod:`~coalescer.policy.embedded` — the enforcer inside ``coalescer serve`` (embedded store).
 * :mod:`~coalescer.policy.lineage` — what superseded a task, what it superseded, chains.
 * :mod:`~coalescer.policy.cli` — ``coalescer enforce`` and ``coalescer policy check``.
 

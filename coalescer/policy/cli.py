@@ -1,8 +1,10 @@
 """``coalescer enforce`` (carry out superseding decisions) and ``coalescer policy check``.
 
 ``enforce`` needs ``REDIS_URL`` and the queue: ``TASKCLUSTER_ROOT_URL``,
-``TASKCLUSTER_CLIENT_ID`` and ``TASKCLUSTER_ACCESS_TOKEN``. Stops cleanly on SIGTERM/SIGINT
-(between entries); a kill at any moment is safe too (see :mod:`coalescer.policy.enforcer`).
+``TASKCLUSTER_CLIENT_ID`` and ``TASKCLUSTER_ACCESS_TOKEN``; with the embedded store, ``coalescer
+serve`` runs the enforcer itself (:mod:`coalescer.policy.embedded`). Stops cleanly on
+SIGTERM/SIGINT (between rounds); a kill at any moment is safe too (see
+:mod:`coalescer.policy.enforcer`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -72,7 +75,10 @@ def _enforce(args: argparse.Namespace, settings: Settings) -> int:
         log.warning("no rule in COALESCER_POLICY_FILE decides on arrival: nothing to enforce")
         return asyncio.run(_idle())
     if settings.redis_url is None:
-        raise ConfigError("REDIS_URL is not set: the enforcer reads the shared index's outboxes")
+        raise ConfigError(
+            "REDIS_URL is not set: the embedded store lives in one process; "
+            "`coalescer serve` enforces the policy itself when the queue's credentials are set"
+        )
     if settings.taskcluster_root_url is None:
         raise ConfigError("TASKCLUSTER_ROOT_URL is not set: say which queue to act on")
     return asyncio.run(_enforce_async(args, settings))
@@ -92,46 +98,30 @@ async def _idle() -> int:
 
 
 async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
-    import aiohttp
-    import httpx
-    import taskcluster
-    import taskcluster.aio
-
-    from coalescer.policy.actions import Actions
-    from coalescer.policy.enforcer import Enforcer
+    from coalescer.policy.enforcer import connect, credentials
     from coalescer.store import open_store
-    from coalescer.worker.claims import Connection
 
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port)
     stop = _stop_event()
-    options = taskcluster.optionsFromEnvironment()
-    options["rootUrl"] = settings.taskcluster_root_url
     store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)
     try:
-        async with aiohttp.ClientSession() as session, httpx.AsyncClient() as http:
-            conn = Connection(settings.taskcluster_root_url or "", session)
-            queue = taskcluster.aio.Queue(options | {"maxRetries": 5}, session=session)
-            actions = Actions(
-                queue,
-                conn,
-                http,
-                worker_group=args.worker_group,
-                worker_id=args.worker_id,
-                supersede_as=SupersedeAs(args.resolve_superseded_as),
-            )
-            enforcer = Enforcer(
-                store,
-                actions,
-                policy=settings.policy,
-                consumer=args.consumer,
-                lease_ms=int(args.lease * 1000),
-                poll=args.poll,
-                tick=args.tick,
-                concurrency=args.concurrency,
-            )
+        async with connect(
+            store,
+            settings.taskcluster_root_url or "",
+            credentials(os.environ),
+            policy=settings.policy,
+            worker_group=args.worker_group,
+            worker_id=args.worker_id,
+            supersede_as=SupersedeAs(args.resolve_superseded_as),
+            consumer=args.consumer,
+            lease_ms=int(args.lease * 1000),
+            poll=args.poll,
+            tick=args.tick,
+            concurrency=args.concurrency,
+        ) as enforcer:
             log.info("enforcing as %s", enforcer.consumer)
             await enforcer.run(stop)
     finally:

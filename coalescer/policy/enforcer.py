@@ -10,6 +10,9 @@ lease expires; every action is idempotent, so finishing a half-done one is harml
 
 Every ``tick`` seconds the enforcer also re-evaluates every deciding key without an event: age
 thresholds become due with time, and events can be lost.
+
+:func:`connect` builds an enforcer acting on a queue, for ``coalescer enforce`` and for
+``coalescer serve`` on the embedded store (:mod:`coalescer.policy.embedded`) alike.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from prometheus_client import Counter
 from taskcluster.exceptions import TaskclusterFailure
@@ -31,7 +34,8 @@ from coalescer.policy.rules import Policy
 from coalescer.store import Store
 from coalescer.store import lineage as records
 from coalescer.store import policy as outbox
-from coalescer.worker.claims import Clock, utcnow
+from coalescer.worker.claims import Clock, Connection, utcnow
+from coalescer.worker.protocol import SupersedeAs
 
 log = logging.getLogger("coalescer.policy")
 
@@ -50,10 +54,68 @@ _INITIAL = ("decided",)
 _SETTLING = ("settling",)
 #: States of a primary that is itself being replaced.
 _REPLACED = ("decided", "settling", "held", "superseded", "canceled")
+#: The queue credentials, from the environment variables the official client reads.
+CREDENTIALS = {
+    "clientId": "TASKCLUSTER_CLIENT_ID",
+    "accessToken": "TASKCLUSTER_ACCESS_TOKEN",
+    "certificate": "TASKCLUSTER_CERTIFICATE",
+}
 
 
 def default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def credentials(environ: Mapping[str, str]) -> dict[str, str]:
+    """The enforcer's queue credentials in ``environ`` (as ``taskcluster.optionsFromEnvironment``
+    reads them); empty when none are set."""
+    return {name: environ[var] for name, var in CREDENTIALS.items() if environ.get(var)}
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    store: Store,
+    root_url: str,
+    creds: Mapping[str, str],
+    *,
+    policy: Policy | None,
+    worker_group: str = "coalescer",
+    worker_id: str = "enforcer",
+    supersede_as: SupersedeAs = SupersedeAs.AUTO,
+    consumer: str | None = None,
+    lease_ms: int = 60_000,
+    poll: float = 1.0,
+    tick: float = 10.0,
+    concurrency: int = 8,
+) -> AsyncIterator[Enforcer]:
+    """An :class:`Enforcer` acting on the queue at ``root_url`` with ``creds``; its HTTP
+    sessions are open inside the ``async with`` block."""
+    import aiohttp
+    import httpx
+    import taskcluster.aio
+
+    options: dict[str, object] = {"rootUrl": root_url, "maxRetries": 5}
+    if creds:
+        options["credentials"] = dict(creds)
+    async with aiohttp.ClientSession() as session, httpx.AsyncClient() as http:
+        actions = Actions(
+            taskcluster.aio.Queue(options, session=session),
+            Connection(root_url, session),
+            http,
+            worker_group=worker_group,
+            worker_id=worker_id,
+            supersede_as=supersede_as,
+        )
+        yield Enforcer(
+            store,
+            actions,
+            policy=policy,
+            consumer=consumer,
+            lease_ms=lease_ms,
+            poll=poll,
+            tick=tick,
+            concurrency=concurrency,
+        )
 
 
 class Enforcer:

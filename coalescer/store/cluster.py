@@ -1,19 +1,26 @@
-"""Pipelines over a Redis Cluster.
+"""Pipelines over a Redis Cluster, and the lean query connection on one.
 
 redis-py refuses scripts in its cluster pipelines, and this store writes through scripts. A
 :class:`ClusterPipeline` queues commands like a pipeline, then sends each node its own commands,
 in their order, in one round trip per node, every node at once. Every script touches keys of one
 hash slot only (see ``keys.py``), so each runs whole on the node that owns its slot.
+
+:class:`ClusterRouter` gives the query hot path the lean connection of ``pipelined.py`` on a
+Cluster: one per node, each command sent to the node redis-py's slot map names.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from coalescer.store.pipelined import PipelinedClient, ReplyError
 
 
 class NodeClients:
@@ -80,3 +87,43 @@ class ClusterPipeline:
             for i, reply in zip(indexes, replies, strict=True):
                 results[i] = reply
         return results
+
+
+class ClusterRouter:
+    """:class:`PipelinedClient` connections to every node of a Cluster, used as one: a command
+    goes to the node that owns its first key's slot, as redis-py's slot map says.
+
+    While slots move, a node answers ``MOVED`` or ``ASK``; that reply surfaces as
+    :class:`~coalescer.store.pipelined.ReplyError` and the store falls back to redis-py, which
+    follows the redirection and refreshes the map this router reads.
+    """
+
+    def __init__(self, cluster: RedisCluster, redis_url: str) -> None:
+        self._cluster = cluster
+        self._url = urlparse(redis_url)
+        self._clients: dict[str, PipelinedClient] = {}
+
+    def execute(self, *args: Any) -> Awaitable[Any]:
+        """``args`` as for :meth:`PipelinedClient.execute`; keys start after ``EVALSHA``'s
+        script and key count, after the command name otherwise."""
+        key = args[3] if args[0] in ("EVALSHA", "EVAL") else args[1]
+        try:
+            node = self._cluster.get_node_from_key(key)
+        except (RedisClusterException, RedisError) as exc:  # no slot map yet: redis-py makes it
+            raise ReplyError(f"no node known for {key!r}: {exc}") from exc
+        if node is None:
+            raise ReplyError(f"no node known for {key!r}")
+        client = self._clients.get(node.name)
+        if client is None:
+            client = self._clients[node.name] = PipelinedClient(self._node_url(node))
+        return client.execute(*args)
+
+    def _node_url(self, node: ClusterNode) -> str:
+        auth = self._url.netloc.rpartition("@")[0]
+        netloc = f"{auth}@{node.host}:{node.port}" if auth else f"{node.host}:{node.port}"
+        return self._url._replace(netloc=netloc, path="").geturl()
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()

@@ -171,6 +171,8 @@ async def read(store: Store, key: str, consumer: str, *, count: int = 64) -> lis
     group = keys.OUTBOX_GROUP
 
     def fill(pipe: Any) -> None:
+        # XAUTOCLAIM first: without the group, its NOGROUP is the error the pipeline raises
+        # (the embedded store's XREADGROUP words it otherwise while the stream does not exist).
         pipe.xautoclaim(stream, group, consumer, 0, "0-0", count=count)
         pipe.xreadgroup(group, consumer, {stream: ">"}, count=count)
 

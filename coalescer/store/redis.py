@@ -19,7 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from coalescer import model
 from coalescer.errors import StoreUnavailable
 from coalescer.store import keys, views
-from coalescer.store.cluster import ClusterPipeline, NodeClients
+from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
 from coalescer.store.policy import KeyPolicy, queue_decide
 
@@ -53,7 +53,7 @@ class Store:
         *,
         grace_ms: int,
         embedded: bool = False,
-        fast: PipelinedClient | None = None,
+        fast: PipelinedClient | ClusterRouter | None = None,
         nodes: NodeClients | None = None,
     ) -> None:
         self.client = client
@@ -342,13 +342,18 @@ async def open_store(redis_url: str | None, *, grace_seconds: int) -> Store:
 
         store = Store(embedded_client(), grace_ms=grace_ms, embedded=True)
     elif await _is_cluster(redis_url):
-        # Every script touches one key's hash slot (keys.py), so redis-py's cluster client
-        # routes each call to its node; the lean query connection speaks to one node only.
+        # Every script touches one key's hash slot (keys.py), so each call goes whole to the
+        # node that owns it: writes through per-node pipelines, queries through a lean
+        # connection per node.
         cluster = aioredis.RedisCluster.from_url(
             redis_url, socket_connect_timeout=5, socket_timeout=10, max_connections=256
         )
+        router = ClusterRouter(cluster, redis_url) if PipelinedClient.supports(redis_url) else None
         store = Store(
-            cast(aioredis.Redis, cluster), grace_ms=grace_ms, nodes=NodeClients(redis_url)
+            cast(aioredis.Redis, cluster),
+            grace_ms=grace_ms,
+            nodes=NodeClients(redis_url),
+            fast=router,
         )
         log.info("REDIS_URL is a Redis Cluster")
     else:

@@ -96,6 +96,8 @@ class KeyEndpoint:
         cap = state.settings.max_list
         now_ms = int(time.time() * 1000)
         snap = await state.store.snapshot(key, task_id, now_ms=now_ms, cap=cap)
+        if snap.newer is None and state.learner is not None:  # event lag: ask the queue
+            now_ms, snap = await state.learner.learn(key, task_id, now_ms, snap, cap=cap)
         answer, reason = model.supersedes(task_id, snap, now_ms=now_ms, age=age, size=size, cap=cap)
         state.observer.answer(key, task_id, answer, reason, now_ms, started)
         return orjson.dumps({"supersedes": answer})

@@ -143,6 +143,10 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             settings.redis_url, grace_seconds=settings.grace_seconds
         )
         app.state.observer = Observer(app.state.store)
+        if settings.taskcluster_root_url is not None:  # learns unknown tasks from the queue
+            from coalescer.ingest.learn import Learner
+
+            app.state.learner = Learner.from_settings(settings, app.state.store)
         logs.adopt_uvicorn()
         flusher = asyncio.create_task(_flush_forever(app.state.observer))
         listener = None
@@ -151,6 +155,13 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             from coalescer.ingest.pulse import Listener
 
             listener = Listener.start(settings, app.state.store, app.state.observer)
+        enforcer = None
+        if app.state.store.embedded:
+            # Likewise the policy enforcer (when a rule decides on arrival and the queue's
+            # credentials are set; it logs what is missing otherwise).
+            from coalescer.policy.embedded import start_enforcer
+
+            enforcer = start_enforcer(settings, app.state.store)
         # A busy server allocates fast: with the default threshold (700) the collector runs many
         # times a second over the same long-lived objects. Freeze what is loaded by now (it
         # lives as long as the process) and collect the youngest generation less often.
@@ -161,10 +172,15 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         finally:
             if listener is not None:
                 await listener.stop()
+            if enforcer is not None:
+                await enforcer.stop()
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
             await app.state.observer.flush()
+            if app.state.learner is not None:
+                await app.state.learner.close()
+                app.state.learner = None
             if own:
                 await app.state.store.close()
 
@@ -203,6 +219,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     )
     app.state.settings = settings
     app.state.commit = os.environ.get("SOURCE_COMMIT", "unknown")
+    app.state.learner = None  # set by the lifespan when TASKCLUSTER_ROOT_URL is (ingest.learn)
     if store is not None:  # usable without running the lifespan (ASGITransport tests)
         app.state.store = store
         app.state.observer = Observer(store)

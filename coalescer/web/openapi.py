@@ -117,7 +117,9 @@ def document() -> dict[str, Any]:
             "/{key}": {
                 "get": _op(
                     "With ``taskId``: the tasks the worker holding it should supersede, oldest "
-                    "first, the initial task included. Without: the key's pending tasks. " + _PAGES,
+                    "first, the initial task included; only the initial task when the index "
+                    "does not know it and cannot learn it from the queue. Without: the key's "
+                    "pending tasks. " + _PAGES,
                     {
                         "200": _json(
                             {"anyOf": [_ref("Supersedes"), _ref("KeyListing")]},

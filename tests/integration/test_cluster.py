@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +11,9 @@ import pytest
 from coalescer.model import TaskEvent
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
+from coalescer.store.cluster import ClusterRouter
 from coalescer.web.app import create_app
-from tests.ports import free_port_pair
+from tests.redis_cluster import ClusterFailed, redis_cluster
 from tests.web.conftest import AUTH, at, ids
 
 NOW = 1_893_456_000_000
@@ -26,92 +21,11 @@ NOW = 1_893_456_000_000
 
 @pytest.fixture(scope="module")
 def cluster_url() -> Iterator[str]:
-    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if server is None or cli is None:
-        pytest.fail("redis-server and redis-cli are needed: apt-get install redis-server")
-    workdir = tempfile.mkdtemp(prefix="coalescer-cluster-")
-    ports = [free_port_pair(10000) for _ in range(3)]
-    procs = [
-        subprocess.Popen(
-            [
-                server,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                f"{workdir}/nodes-{port}.conf",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                workdir,
-                "--loglevel",
-                "warning",
-                "--logfile",
-                f"{workdir}/node-{port}.log",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        for port in ports
-    ]
     try:
-        deadline = time.monotonic() + 10
-        while not all(_up(port) for port in ports):
-            exited = [p for p, proc in zip(ports, procs, strict=True) if proc.poll() is not None]
-            if exited or time.monotonic() > deadline:
-                pytest.fail(f"the cluster's nodes did not start:\n{_logs(workdir, ports)}")
-            time.sleep(0.05)
-        subprocess.run(
-            [
-                cli,
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{p}" for p in ports),
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-        deadline = time.monotonic() + 20
-        while not _ready(cli, ports[0]):
-            if time.monotonic() > deadline:
-                pytest.fail("the cluster did not become ready")
-            time.sleep(0.1)
-        yield f"redis://127.0.0.1:{ports[0]}/0"
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=10)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _logs(workdir: str, ports: list[int]) -> str:
-    lines = []
-    for port in ports:
-        log = Path(workdir) / f"node-{port}.log"
-        lines.append(f"node {port}: {log.read_text() if log.exists() else '(no log)'}")
-    return "\n".join(lines)
-
-
-def _up(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-def _ready(cli: str, port: int) -> bool:
-    out = subprocess.run([cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True)
-    return "cluster_state:ok" in out.stdout
+        with redis_cluster() as url:
+            yield url
+    except ClusterFailed as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture
@@ -127,7 +41,6 @@ def ev(task: str, order: float, key: str, state: str = "pending") -> TaskEvent:
 
 
 async def test_a_cluster_is_recognised_and_keys_spread_over_its_nodes(cluster_store: Store) -> None:
-    assert cluster_store.fast is None  # the lean connection speaks to one node only
     keys = [f"k{i}" for i in range(20)]
     await cluster_store.apply([ev(f"t{i}", 1.0, key) for i, key in enumerate(keys)], now_ms=NOW)
     nodes = {cluster_store.client.get_node_from_key(f"co:{{{k}}}:p").name for k in keys}  # type: ignore[attr-defined]
@@ -142,6 +55,54 @@ async def test_events_and_answers_on_a_cluster(cluster_store: Store) -> None:
     assert [t.task_id for t in await cluster_store.pending("x", now_ms=NOW)] == ["a", "c"]
     snap = await cluster_store.snapshot("x", "b", now_ms=NOW, cap=32)
     assert (snap.pending, snap.newer, snap.newest) == (2, 1, ["c", "a"])
+
+
+async def test_queries_go_to_each_keys_node_over_the_lean_connections(
+    cluster_store: Store,
+) -> None:
+    router = cluster_store.fast
+    assert isinstance(router, ClusterRouter)
+    keys = [f"q{i}" for i in range(12)]
+    await cluster_store.apply([ev(f"t{i}", float(i), k) for i, k in enumerate(keys)], now_ms=NOW)
+    asked: list[str] = []
+    route = router.execute
+
+    def counted(*args: Any) -> Any:
+        asked.append(args[3])
+        return route(*args)
+
+    router.execute = counted  # type: ignore[method-assign]
+    for i, key in enumerate(keys):
+        snap = await cluster_store.snapshot(key, f"t{i}", now_ms=NOW, cap=32)
+        assert (snap.pending, snap.newest) == (1, [f"t{i}"])
+    assert len(asked) == len(keys)  # none fell back to redis-py
+    assert len(router._clients) == 3  # one lean connection per node
+
+
+async def test_a_query_sent_to_the_wrong_node_is_redirected_through_redis_py(
+    cluster_store: Store,
+) -> None:
+    """While slots move, a node answers MOVED: the answer still comes, by redis-py."""
+    router = cluster_store.fast
+    assert isinstance(router, ClusterRouter)
+    await cluster_store.apply([ev("a", 1, "m"), ev("b", 2, "m")], now_ms=NOW)
+    cluster: Any = cluster_store.client
+    owner = cluster.get_node_from_key("co:{m}:p")
+    wrong = next(n for n in cluster.get_primaries() if n.name != owner.name)
+    router._cluster = _Pinned(wrong)  # type: ignore[assignment]
+    snap = await cluster_store.snapshot("m", "a", now_ms=NOW, cap=32)
+    assert (snap.pending, snap.newer, snap.newest) == (2, 1, ["b", "a"])
+    assert list(router._clients) == [wrong.name]  # it was asked, and said MOVED
+
+
+class _Pinned:
+    """A slot map that sends every key to one node."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    def get_node_from_key(self, key: str) -> Any:
+        return self.node
 
 
 async def test_the_http_api_over_a_cluster(

@@ -32,6 +32,10 @@ def test_secrets_never_print() -> None:
         ({"COALESCER_ROUTE_PREFIX": "a..b"}, "dotted route prefix"),
         ({"PULSE_URL": "http://x"}, "amqp://"),
         ({"COALESCER_REDIS_TLS_VERIFY": "maybe"}, "true or false"),
+        ({"COALESCER_LEARN_UNKNOWN": "maybe"}, "COALESCER_LEARN_UNKNOWN must be true or false"),
+        ({"COALESCER_LEARN_TIMEOUT": "soon"}, "must be a number of seconds"),
+        ({"COALESCER_LEARN_TIMEOUT": "0"}, "more than 0 and at most 60"),
+        ({"COALESCER_LEARN_TIMEOUT": "nan"}, "more than 0 and at most 60"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(env: dict[str, str], message: str) -> None:
@@ -46,3 +50,17 @@ def test_tls_verification_can_be_turned_off_for_self_signed_redis() -> None:
     )
     assert Settings.from_environ({**off, "REDIS_URL": "redis://h/0"}).redis_url == "redis://h/0"
     assert Settings.from_environ({"REDIS_URL": "rediss://h"}).redis_url == "rediss://h"
+
+
+def test_unknown_tasks_are_learned_from_the_queue_unless_turned_off() -> None:
+    s = Settings.from_environ({"TASKCLUSTER_ROOT_URL": "https://tc.example.com/"})
+    assert (s.taskcluster_root_url, s.learn_unknown, s.learn_timeout) == (
+        "https://tc.example.com",
+        True,
+        2.0,
+    )
+    off = Settings.from_environ(
+        {"COALESCER_LEARN_UNKNOWN": "False", "COALESCER_LEARN_TIMEOUT": "0.5"}
+    )
+    assert (off.learn_unknown, off.learn_timeout) == (False, 0.5)
+    assert Settings.from_environ({"COALESCER_LEARN_UNKNOWN": "yes"}).learn_unknown is True

@@ -16,7 +16,6 @@ import random
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -24,33 +23,16 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from query import BIN, KEYS, PER_KEY, ROUNDS, free_port, slug, wait_http, wrk  # noqa: E402
+from query import BIN, KEYS, PER_KEY, ROUNDS, free_port, seed_index, slug, wait_http, wrk  # noqa: E402
 
-from coalescer.model import TaskEvent  # noqa: E402
-from coalescer.store import open_store  # noqa: E402
 from tests.redis_cluster import redis_cluster  # noqa: E402
-
-
-async def seed(url: str, ids: list[list[str]]) -> None:
-    store = await open_store(url, grace_seconds=3600)
-    now = int(time.time() * 1000)
-    events = [
-        TaskEvent(
-            ids[k][i], 0, "pending", (f"bench.k{k}",), float(i), now + 86_400_000, now - 60_000
-        )
-        for k in range(KEYS)
-        for i in range(PER_KEY)
-    ]
-    for i in range(0, len(events), 500):
-        await store.apply(events[i : i + 500])
-    await store.close()
 
 
 def main() -> int:
     rng = random.Random(1)
     ids = [[slug(rng) for _ in range(PER_KEY)] for _ in range(KEYS)]
     with redis_cluster() as url:
-        asyncio.run(seed(url, ids))
+        asyncio.run(seed_index(url, ids))
         env = {**os.environ, "REDIS_URL": url, "COALESCER_LOG_LEVEL": "WARNING"}
         ports = {"bare": free_port(), "coalescer": free_port()}
         procs = [
@@ -65,9 +47,7 @@ def main() -> int:
             ),
         ]  # fmt: skip
         try:
-            # Keys on every node, queried in turn by wrk's connections? wrk asks one URL: take
-            # a key per node in separate rounds would blur the comparison, so one key, as in
-            # bench/query.py; the routing work per query is the same whichever node owns it.
+            # One key, as in bench/query.py: the routing work is the same whichever node owns it.
             task = ids[7][10]
             urls = {
                 "bare": f"http://127.0.0.1:{ports['bare']}/bench.k7?taskId={task}",

@@ -73,8 +73,9 @@ def wrk(url: str) -> float:
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
 
 
-async def seed(ids: list[list[str]]) -> None:
-    store = await open_store(REDIS_URL, grace_seconds=3600)
+async def seed_index(url: str, ids: list[list[str]]) -> None:
+    """``ids[k]`` pending under key ``bench.k<k>``, in that order, waiting for a minute."""
+    store = await open_store(url, grace_seconds=3600)
     now = int(time.time() * 1000)
     events = [
         TaskEvent(
@@ -86,6 +87,10 @@ async def seed(ids: list[list[str]]) -> None:
     for i in range(0, len(events), 500):
         await store.apply(events[i : i + 500])
     await store.close()
+
+
+async def seed(ids: list[list[str]]) -> None:
+    await seed_index(REDIS_URL, ids)
     # The tc-coalesce model's layout: a list per key, newest first, and a timestamp per task.
     r = redis.Redis.from_url(REDIS_URL)
     pipe = r.pipeline()

@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
 import taskcluster
 import taskcluster.aio
+from decision import free_port, start
 from taskcluster.exceptions import TaskclusterRestFailure
 
 from coalescer.ingest.reconcile import indexed_tasks, queue_fetcher, reconcile
@@ -30,26 +29,6 @@ from coalescer.model import TaskEvent
 from coalescer.store import open_store
 
 KEYS = 50
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_emulator(port: int) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "coalescer.cli", "emulator", "--port", str(port)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    give_up = time.monotonic() + 15
-    while time.monotonic() < give_up:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    sys.exit("the queue emulator did not start")
 
 
 class OneByOne:
@@ -139,7 +118,7 @@ def main() -> None:
     if not redis_url:
         sys.exit("set REDIS_URL, or run under scripts/with_services.py")
     port = free_port()
-    proc = start_emulator(port)
+    proc = start([sys.executable, "-m", "coalescer.cli", "emulator", "--port", str(port)], port)
     try:
         asyncio.run(bench(f"http://127.0.0.1:{port}", redis_url, args.tasks, args.rounds))
     finally:

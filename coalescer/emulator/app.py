@@ -96,7 +96,7 @@ class Call:
 
     def read(self, query: Callable[[], Any]) -> Any:
         """Answer from the state, after applying whatever became due."""
-        return self.emulator.apply(lambda now: (query(), []))
+        return self.emulator.read(query)
 
     def authorize_run(self) -> None:
         """Refuse temporary credentials of another run, or expired ones (401)."""

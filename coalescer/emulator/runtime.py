@@ -94,9 +94,17 @@ class Emulator:
         """Run ``operation(now)`` after whatever became due; publish what both produced."""
         now = self.clock.now()
         self._emit(self.state.expire(now))
-        body, messages = operation(now)
+        try:
+            body, messages = operation(now)
+        finally:
+            self.state.changed()
         self._emit(messages)
         return body
+
+    def read(self, query: Callable[[], Any]) -> Any:
+        """Answer ``query()`` after whatever became due; it must not change the state."""
+        self._emit(self.state.expire(self.clock.now()))
+        return query()
 
     def tick(self) -> None:
         """Apply what became due by now (claim expiry, deadlines, task expiry)."""

@@ -52,6 +52,9 @@ class QueueState:
         self.issued: dict[str, credentials.Issued] = {}
         self._dependents: defaultdict[str, list[str]] = defaultdict(list)
         self._seq = itertools.count(1)
+        #: Nothing becomes due before this time (``None``: unknown, look), so that reads of a
+        #: large state do not scan every task.
+        self._quiet_until: datetime | None = None
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -207,6 +210,8 @@ class QueueState:
 
     def expire(self, now: datetime) -> list[Message]:
         """Everything due by ``now``, in time order: claim expiry, deadlines, task expiry."""
+        if self._quiet_until is not None and now < self._quiet_until:
+            return []
         out: list[Message] = []
         while (due := self._next_due(now)) is not None:
             when, _, task = due
@@ -217,7 +222,23 @@ class QueueState:
                 out += self._deadline_exceeded(task, when)
         for task in [t for t in self.tasks.values() if t.expires <= now]:
             self._forget(task)
+        self._quiet_until = self._next_change()
         return out
+
+    def changed(self) -> None:
+        """An operation changed the state: when something next becomes due is unknown."""
+        self._quiet_until = None
+
+    def _next_change(self) -> datetime | None:
+        """The earliest deadline, claim expiry or task expiry to come."""
+        times = [task.expires for task in self.tasks.values()]
+        for task in self.tasks.values():
+            if not task.resolved:
+                times.append(task.deadline)
+                run = task.runs[-1] if task.runs else None
+                if run is not None and run.state == "running" and run.taken_until is not None:
+                    times.append(run.taken_until)
+        return min(times, default=None)
 
     def _next_due(self, now: datetime) -> tuple[datetime, int, Task] | None:
         due: tuple[datetime, int, Task] | None = None

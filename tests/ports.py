@@ -10,10 +10,13 @@ _RABBITMQ_CLI = range(35672, 35683)
 
 
 def free_port() -> int:
-    """A port nothing listens on right now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on right now (the kernel's choice, outside RabbitMQ's CLI range)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _RABBITMQ_CLI:
+            return port
 
 
 def _bindable(port: int) -> bool:

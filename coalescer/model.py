@@ -80,7 +80,10 @@ def parse_time_ms(value: str) -> int:
 
 def check_task_id(value: str) -> str:
     if not TASK_ID_RE.match(value):
-        raise InvalidInput(f"malformed taskId {value!r}: expected a 22-character slugid")
+        raise InvalidInput(
+            f"malformed taskId {value!r}: expected a slugid (a v4 UUID in 22 URL-safe base64 "
+            "characters, as taskcluster.slugid.nice() makes, e.g. fN1SbArXTPSVFNUvaOlinQ)"
+        )
     return value
 
 

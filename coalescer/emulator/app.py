@@ -206,7 +206,7 @@ def _control_routes(emulator: Emulator) -> list[Route]:
             m
             for m in list(emulator.publisher.published)
             if (kind is None or m["exchange"].endswith("/" + kind))
-            and (task_id is None or m["payload"]["status"]["taskId"] == task_id)
+            and (task_id is None or m["payload"].get("status", {}).get("taskId") == task_id)
         ]
         return JSON({"messages": found})
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from coalescer import __version__
-from coalescer.emulator import artifacts, claims
+from coalescer.emulator import artifacts, claims, groups
 from coalescer.emulator.app import JSON, Call, Handler
 from coalescer.emulator.model import Artifact, QueueError, Task
 
@@ -90,6 +90,40 @@ async def list_dependent_tasks(call: Call) -> Any:
     return call.read(query)
 
 
+async def list_task_group(call: Call) -> Any:
+    group_id = call.params["taskGroupId"]
+
+    def query() -> dict[str, Any]:
+        found = call.state.groups.get(group_id)
+        page, token = _page(groups.members(call.state, group_id), call.request.query_params)
+        out = found.to_json()
+        out["tasks"] = [{"task": t.definition, "status": t.status()} for t in page]
+        if token:
+            out["continuationToken"] = token
+        return out
+
+    return call.read(query)
+
+
+async def get_task_group(call: Call) -> Any:
+    return call.read(lambda: call.state.groups.get(call.params["taskGroupId"]).to_json())
+
+
+async def seal_task_group(call: Call) -> Any:
+    group_id = call.params["taskGroupId"]
+    return call.apply(lambda now: groups.seal_task_group(call.state, group_id, now))
+
+
+async def cancel_task_group(call: Call) -> Any:
+    group_id = call.params["taskGroupId"]
+    return call.apply(lambda now: groups.cancel_task_group(call.state, group_id, now))
+
+
+async def change_task_group_priority(call: Call) -> Any:
+    group_id, priority = call.params["taskGroupId"], call.body["newPriority"]
+    return call.apply(lambda now: groups.change_task_group_priority(call.state, group_id, priority))
+
+
 async def create_task(call: Call) -> Any:
     return call.apply(lambda now: call.state.create_task(call.task_id, call.body, now))
 
@@ -104,6 +138,11 @@ async def cancel_task(call: Call) -> Any:
 
 async def rerun_task(call: Call) -> Any:
     return call.apply(lambda now: call.state.rerun_task(call.task_id, now))
+
+
+async def change_task_priority(call: Call) -> Any:
+    priority = call.body["newPriority"]
+    return call.apply(lambda now: groups.change_task_priority(call.state, call.task_id, priority))
 
 
 async def pending_tasks(call: Call) -> Any:
@@ -278,10 +317,16 @@ HANDLERS: dict[str, Handler] = {
     "tasks": tasks,
     "statuses": statuses,
     "listDependentTasks": list_dependent_tasks,
+    "listTaskGroup": list_task_group,
+    "getTaskGroup": get_task_group,
+    "sealTaskGroup": seal_task_group,
+    "cancelTaskGroup": cancel_task_group,
+    "changeTaskGroupPriority": change_task_group_priority,
     "createTask": create_task,
     "scheduleTask": schedule_task,
     "cancelTask": cancel_task,
     "rerunTask": rerun_task,
+    "changeTaskPriority": change_task_priority,
     "pendingTasks": pending_tasks,
     "claimWork": claim_work,
     "claimTask": claim_task,

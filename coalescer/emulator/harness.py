@@ -182,12 +182,13 @@ class QueueEmulator:
         return task_id
 
     def messages(self, kind: str | None = None, task_id: str | None = None) -> list[dict[str, Any]]:
-        """Published messages, filtered by exchange short name (``task-pending``) and taskId."""
+        """Published messages, filtered by exchange short name (``task-pending``) and taskId
+        (which leaves out a task group's messages: they name no task)."""
         return [
             m
             for m in list(self.published)
             if (kind is None or m["exchange"].rsplit("/", 1)[-1] == kind)
-            and (task_id is None or m["payload"]["status"]["taskId"] == task_id)
+            and (task_id is None or m["payload"].get("status", {}).get("taskId") == task_id)
         ]
 
     def wait_for_message(

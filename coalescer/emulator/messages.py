@@ -2,7 +2,7 @@
 
 The routing-key layout comes from the saved ``exchanges.json`` reference, field by field, with
 ``_`` for a missing value, exactly as taskcluster-lib-pulse builds it; CC is ``route.<r>`` for
-each of ``task.routes``.
+each of ``task.routes`` (none for a task group's messages).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from coalescer.emulator.clock import format_time
-from coalescer.emulator.model import Artifact, Run, Task
+from coalescer.emulator.model import Artifact, Run, Task, TaskGroup
 from coalescer.schemas import load_reference
 
 
@@ -55,6 +55,19 @@ def exchange_name(kind: str) -> str:
     return prefix + kind
 
 
+def _compose(
+    kind: str, fields: dict[str, Any], cc: tuple[str, ...], payload: dict[str, Any]
+) -> Message:
+    words = []
+    for entry in _reference()[1][kind]:
+        if "constant" in entry:
+            words.append(str(entry["constant"]))
+        else:
+            value = fields.get(entry["name"])
+            words.append("_" if value is None else str(value))
+    return Message(exchange_name(kind), ".".join(words), cc, payload)
+
+
 def build(kind: str, task: Task, body: dict[str, Any]) -> Message:
     """A message about ``task`` on exchange ``kind``; ``body`` lacks ``version``."""
     payload = {"version": 1, **body}
@@ -69,19 +82,15 @@ def build(kind: str, task: Task, body: dict[str, Any]) -> Message:
         "schedulerId": status["schedulerId"],
         "taskGroupId": status["taskGroupId"],
     }
-    words = []
-    for entry in _reference()[1][kind]:
-        if "constant" in entry:
-            words.append(str(entry["constant"]))
-        else:
-            value = fields.get(entry["name"])
-            words.append("_" if value is None else str(value))
-    return Message(
-        exchange=exchange_name(kind),
-        routing_key=".".join(words),
-        cc=tuple(f"route.{route}" for route in task.routes),
-        payload=payload,
-    )
+    return _compose(kind, fields, tuple(f"route.{route}" for route in task.routes), payload)
+
+
+def build_group(kind: str, group: TaskGroup, body: dict[str, Any]) -> Message:
+    """A message about a task group on exchange ``kind``: no CC, as a group has no routes."""
+    payload = {"version": 1, "taskGroupId": group.task_group_id, "schedulerId": group.scheduler_id}
+    payload.update(body)
+    fields = {"taskGroupId": group.task_group_id, "schedulerId": group.scheduler_id}
+    return _compose(kind, fields, (), payload)
 
 
 def _tags(task: Task) -> dict[str, Any]:
@@ -134,3 +143,29 @@ def artifact_created(task: Task, run: Run, artifact: Artifact) -> Message:
     described = {k: v for k, v in artifact.to_json().items() if k != "contentLength"}
     body = {"status": task.status(), "runId": run.run_id, "artifact": described, **_worker(run)}
     return build("artifact-created", task, body)
+
+
+def _group_state(group: TaskGroup) -> dict[str, Any]:
+    out = group.to_json()
+    del out["taskGroupId"], out["schedulerId"]
+    return out
+
+
+def task_group_resolved(group: TaskGroup) -> Message:
+    return build_group("task-group-resolved", group, _group_state(group))
+
+
+def task_group_sealed(group: TaskGroup) -> Message:
+    return build_group("task-group-sealed", group, _group_state(group))
+
+
+def task_priority_changed(task: Task, old: str) -> Message:
+    """The message has no ``runId``, so its routing key has ``_`` for the run and worker, as
+    for ``task-defined``: the queue builds every task routing key from the message's fields."""
+    body = {"status": task.status(), "oldPriority": old, "newPriority": task.priority}
+    return build("task-priority-changed", task, body)
+
+
+def task_group_priority_changed(group: TaskGroup, priority: str, affected: int) -> Message:
+    body = {"newPriority": priority, "tasksAffected": affected}
+    return build_group("task-group-priority-changed", group, body)

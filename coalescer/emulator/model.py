@@ -1,4 +1,5 @@
-"""The emulator's records: tasks, runs and artifacts, and their JSON as the queue returns it.
+"""The emulator's records: tasks, runs, artifacts and task groups, and their JSON as the queue
+returns it.
 
 Plain data with no behaviour beyond serialisation; :mod:`coalescer.emulator.state` decides how
 they change.
@@ -148,8 +149,16 @@ class Task:
         return list(self.definition["dependencies"])
 
     @property
+    def priority(self) -> str:
+        return str(self.definition["priority"])
+
+    @property
+    def task_group_id(self) -> str:
+        return str(self.definition["taskGroupId"])
+
+    @property
     def priority_rank(self) -> int:
-        return PRIORITIES.index(self.definition["priority"])
+        return PRIORITIES.index(self.priority)
 
     def run(self, run_id: int) -> Run:
         """The run ``run_id``, or ResourceNotFound."""
@@ -177,3 +186,27 @@ class Task:
             "state": self.state,
             "runs": [run.to_json() for run in self.runs],
         }
+
+
+@dataclasses.dataclass
+class TaskGroup:
+    """A task group: made by its first task, it lives until its last task expires."""
+
+    task_group_id: str
+    scheduler_id: str
+    #: the latest ``expires`` of any task ever in the group (it only grows)
+    expires: datetime
+    sealed: datetime | None = None
+    #: the taskIds of the tasks in the group that still exist (a dict as an ordered set)
+    members: dict[str, None] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """``task-group-response.json``."""
+        out: dict[str, Any] = {
+            "taskGroupId": self.task_group_id,
+            "schedulerId": self.scheduler_id,
+            "expires": format_time(self.expires),
+        }
+        if self.sealed is not None:
+            out["sealed"] = format_time(self.sealed)
+        return out

@@ -1,13 +1,16 @@
 """The task life-cycle (seed 002) as pure state transitions: creation, dependencies,
 scheduling, cancellation, reruns, claim expiry, deadlines and expiry. The worker's side (claims and
-resolutions, seed 003) is in :mod:`coalescer.emulator.claims`.
+resolutions, seed 003) is in :mod:`coalescer.emulator.claims`; task groups and priorities
+(sealing, canceling a group, changing priorities) in :mod:`coalescer.emulator.groups`.
 
 Every operation takes ``now`` and returns ``(response body, messages to publish)``; nothing here
 does IO or reads a clock. Failures are :class:`~coalescer.emulator.model.QueueError`.
 
 Where the real queue and its documentation differ, the documentation (seed 002) wins: when a run
 is retried (``claim-expired``, ``worker-shutdown``, ``intermittent-task`` with retries left) only
-``task-pending`` for the new run is published, never ``task-exception`` for the old one.
+``task-pending`` for the new run is published, never ``task-exception`` for the old one; and
+``task-group-resolved`` is published whenever a resolution leaves every task of its group
+resolved, as the exchange's description says.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from coalescer.emulator import artifacts, credentials
 from coalescer.emulator import messages as msg
 from coalescer.emulator.clock import parse_time
 from coalescer.emulator.definition import normalize
+from coalescer.emulator.groups import TaskGroups
 from coalescer.emulator.messages import Message
 from coalescer.emulator.model import RESOLVED, QueueError, Run, Task
 
@@ -49,6 +53,7 @@ class QueueState:
     def __init__(self, timing: Timing | None = None) -> None:
         self.timing = timing or Timing()
         self.tasks: dict[str, Task] = {}
+        self.groups = TaskGroups()
         self.issued: dict[str, credentials.Issued] = {}
         self._dependents: defaultdict[str, list[str]] = defaultdict(list)
         self._seq = itertools.count(1)
@@ -86,6 +91,7 @@ class QueueState:
         """createTask: unscheduled until its dependencies allow, else pending at once.
         Idempotent for the same definition; RequestConflict for another."""
         definition = normalize(task_id, request, now)
+        self.groups.check_joinable(definition)
         existing = self.tasks.get(task_id)
         if existing is not None:
             if existing.definition != definition:
@@ -126,6 +132,7 @@ class QueueState:
                 f"`{task_id}` has dependencies that expire before its deadline: {', '.join(short)}",
             )
         self.tasks[task_id] = task
+        self.groups.join(task)
         for dependency in task.dependencies:
             self._dependents[dependency].append(task_id)
         run = self.new_run(task, "scheduled", now) if self._ready(task) else None
@@ -153,15 +160,23 @@ class QueueState:
             raise QueueError(
                 "RequestConflict", f"Task `{task_id}` can't be canceled past its deadline."
             )
+        run = self.cancel_run(task, now)
+        if run is None:
+            return {"status": task.status()}, []
+        return {"status": task.status()}, self.resolved(task, run, now)
+
+    def cancel_run(self, task: Task, now: datetime) -> Run | None:
+        """Resolve an unresolved task's live run (or a new one) exception/canceled, and return
+        it (callers publish, via :meth:`resolved`); ``None`` for a resolved task."""
         if task.state in ("pending", "running"):
             run = task.runs[-1]
         elif task.state == "unscheduled":
             # A run made only to carry the exception, as scheduleTask + cancelTask would.
             run = self.new_run(task, "exception", now, state="exception")
         else:
-            return {"status": task.status()}, []
+            return None
         self.resolve(run, "exception", "canceled", now)
-        return {"status": task.status()}, self.resolved(task, run, now)
+        return run
 
     def rerun_task(self, task_id: str, now: datetime) -> Outcome:
         """rerunTask: a new pending run (``rerun``) for a resolved or unscheduled task, with its
@@ -222,6 +237,7 @@ class QueueState:
                 out += self._deadline_exceeded(task, when)
         for task in [t for t in self.tasks.values() if t.expires <= now]:
             self._forget(task)
+        self.groups.expire(now)
         self._quiet_until = self._next_change()
         return out
 
@@ -272,12 +288,22 @@ class QueueState:
 
     def _forget(self, task: Task) -> None:
         del self.tasks[task.task_id]
+        self.groups.leave(task)
         self._dependents.pop(task.task_id, None)
         for dependency in task.dependencies:
             if task.task_id in self._dependents.get(dependency, []):
                 self._dependents[dependency].remove(task.task_id)
         for client_id in [c for c, i in self.issued.items() if i.task_id == task.task_id]:
             del self.issued[client_id]
+
+    # -- task groups ---------------------------------------------------------------------------
+
+    def group_resolved(self, task_group_id: str) -> list[Message]:
+        """``task-group-resolved`` if every task of the group is resolved, else nothing."""
+        group = self.groups.get(task_group_id)
+        if all(self.tasks[t].resolved for t in group.members):
+            return [msg.task_group_resolved(group)]
+        return []
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -298,9 +324,17 @@ class QueueState:
         run.state, run.reason_resolved, run.resolved = state, reason, when
 
     def resolved(
-        self, task: Task, run: Run, when: datetime, *, with_worker: bool = True
+        self,
+        task: Task,
+        run: Run,
+        when: datetime,
+        *,
+        with_worker: bool = True,
+        check_group: bool = True,
     ) -> list[Message]:
-        """The message for a task that just resolved, then the dependents it makes pending."""
+        """The message for a task that just resolved, then the dependents it makes pending, then
+        ``task-group-resolved`` if that was the group's last unresolved task (``check_group=False``
+        leaves that to a caller resolving many tasks at once)."""
         out = [msg.task_resolved(task, run, with_worker=with_worker)]
         for dependent_id in self._dependents.get(task.task_id, []):
             dependent = self.tasks.get(dependent_id)
@@ -308,6 +342,8 @@ class QueueState:
                 continue
             if self._ready(dependent):
                 out.append(msg.task_pending(dependent, self.new_run(dependent, "scheduled", when)))
+        if check_group:
+            out += self.group_resolved(task.task_group_id)
         return out
 
     def issue(self, task: Task, run: Run, now: datetime) -> dict[str, str]:

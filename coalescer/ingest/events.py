@@ -8,9 +8,11 @@ message schema for that exchange.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
+from coalescer import schemas
 from coalescer.errors import InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.model import (
@@ -30,6 +32,10 @@ EXCHANGE_STATES = {
     "task-failed": "failed",
     "task-exception": "exception",
 }
+
+
+#: The exchanges whose messages change the index, by full name.
+TASK_EXCHANGES = frozenset(EXCHANGE_PREFIX + name for name in EXCHANGE_STATES)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,6 +64,14 @@ class Message:
         return cls(exchange, routing_key, tuple(routes), payload)
 
 
+@functools.cache
+def queue_exchanges() -> frozenset[str]:
+    """Every exchange the queue publishes on (``exchanges.json``), by full name."""
+    reference = schemas.load_reference("exchanges.json")
+    prefix = reference["exchangePrefix"]
+    return frozenset(prefix + entry["exchange"] for entry in reference["entries"])
+
+
 def exchange_state(exchange: str) -> str:
     name = exchange.removeprefix(EXCHANGE_PREFIX)
     if name not in EXCHANGE_STATES:
@@ -66,10 +80,14 @@ def exchange_state(exchange: str) -> str:
 
 
 def to_event(message: Message, *, prefix: str, rank_tag: str | None = None) -> TaskEvent | None:
-    """The index event for ``message``, or ``None`` when it names no coalescing route.
+    """The index event for ``message``, or ``None`` when it names no coalescing route or comes
+    from one of the queue's other exchanges (``task-defined``, ``artifact-created``, task
+    groups): valid messages with nothing for the index.
 
     Raises :class:`InvalidEvent` for a message that can never be applied.
     """
+    if message.exchange not in TASK_EXCHANGES and message.exchange in queue_exchanges():
+        return None
     state = exchange_state(message.exchange)
     keys = keys_from_routes(message.routes, prefix)
     if not keys:

@@ -6,6 +6,7 @@
 * :mod:`~coalescer.worker.resolve` — artifacts and resolutions.
 * :mod:`~coalescer.worker.shim` — :class:`Shim`, tying them together.
 * :mod:`~coalescer.worker.runner` — the reference worker running command payloads.
+* :mod:`~coalescer.worker.livelog` — the reference worker's task logs, served live over HTTP.
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
 Queue credentials come from ``TASKCLUSTER_ROOT_URL``, ``TASKCLUSTER_CLIENT_ID`` and
 ``TASKCLUSTER_ACCESS_TOKEN`` (``taskcluster.optionsFromEnvironment()``); SIGTERM or SIGINT
-stops claiming and releases held tasks with ``worker-shutdown``.
+stops claiming and releases held tasks with ``worker-shutdown``. With ``--livelog-port`` the
+running tasks' logs are served live from this process.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import re
 import signal
@@ -63,6 +65,23 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--max-supersede", type=int, default=32, metavar="N", help="tasks per set")
     p.add_argument("--claim-concurrency", type=int, default=8, metavar="N")
+    p.add_argument(
+        "--livelog-port",
+        type=int,
+        metavar="PORT",
+        help="serve each running task's log live over HTTP on this port (0: any free port)",
+    )
+    p.add_argument(
+        "--livelog-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the host name users reach this worker by, in live log URLs (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--livelog-bind",
+        metavar="ADDR",
+        help="the address the live log server listens on (default: --livelog-host)",
+    )
     p.set_defaults(handler=handle)
 
 
@@ -78,6 +97,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be 1-38 of [a-zA-Z0-9-_]")
     if args.capacity < 1 or args.max_supersede < 1 or args.claim_concurrency < 1:
         raise ConfigError("--capacity, --max-supersede and --claim-concurrency must be >= 1")
+    if args.livelog_port is not None and not 0 <= args.livelog_port <= 65535:
+        raise ConfigError("--livelog-port must be 0-65535")
     options = Options(
         allow=tuple(args.superseder_allow),
         timeout=args.superseder_timeout,
@@ -95,6 +116,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _main(args: argparse.Namespace, tc: dict[str, Any], options: Options) -> None:
+    from coalescer.worker.livelog import LiveLogServer
     from coalescer.worker.runner import Worker
     from coalescer.worker.shim import Shim
 
@@ -102,11 +124,25 @@ async def _main(args: argparse.Namespace, tc: dict[str, Any], options: Options) 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with Shim(
-        root_url=tc["rootUrl"],
-        credentials=tc.get("credentials"),
-        worker_group=args.worker_group,
-        worker_id=args.worker_id,
-        options=options,
-    ) as shim:
-        await Worker(shim, args.task_queue_id, args.capacity).run(stop)
+    async with contextlib.AsyncExitStack() as stack:
+        livelog = None
+        if args.livelog_port is not None:
+            livelog = LiveLogServer(args.livelog_host, args.livelog_port, bind=args.livelog_bind)
+            try:
+                await stack.enter_async_context(livelog)
+            except OSError as exc:
+                raise ConfigError(
+                    f"--livelog-port {args.livelog_port}: cannot listen on {livelog.bind}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
+            log.info("serving live logs at %s/log/<token>", livelog.base_url)
+        shim = await stack.enter_async_context(
+            Shim(
+                root_url=tc["rootUrl"],
+                credentials=tc.get("credentials"),
+                worker_group=args.worker_group,
+                worker_id=args.worker_id,
+                options=options,
+            )
+        )
+        await Worker(shim, args.task_queue_id, args.capacity, livelog).run(stop)

@@ -45,6 +45,24 @@ async def put_artifact(
     response.raise_for_status()
 
 
+async def put_reference(claim: Claim, name: str, url: str, content_type: str) -> None:
+    """Create a ``reference`` artifact: fetching it redirects to ``url``. The queue lets a
+    reference be replaced by another while the run is running (a live log's artifact is
+    pointed at the log's copy that way). Expires with the task: a replacement may not expire
+    sooner than the artifact it replaces."""
+    await claim.queue.createArtifact(
+        claim.task_id,
+        str(claim.run_id),
+        name,
+        {
+            "storageType": "reference",
+            "expires": claim.task["expires"],
+            "url": url,
+            "contentType": content_type,
+        },
+    )
+
+
 class Superseding:
     """Resolves a held run as superseded, per :class:`SupersedeAs`; for ``auto``, learns once
     that the queue rejects ``superseded`` (a current queue: 400) and completes from then on.

@@ -5,7 +5,9 @@ command runs in a fresh directory with a minimal environment (never the worker's
 holds its credentials) plus ``env``, ``TASK_ID``, ``RUN_ID`` and ``COALESCER_SUPERSEDES_FILE``.
 Exit 0 is *completed*, anything else *failed*, as is running past ``maxRunTime``; a payload the
 worker cannot run is an exception ``malformed-payload``, the reason in the log. The log
-(worker lines and the command's output) is uploaded as ``public/logs/live.log``.
+(worker lines and the command's output) is uploaded as ``public/logs/live.log``; with a
+:class:`~coalescer.worker.livelog.LiveLogServer`, that artifact first refers to the log served
+live, and at the end to its copy ``public/logs/live_backing.log``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from taskcluster.exceptions import TaskclusterFailure
 
 from coalescer.errors import InvalidInput
 from coalescer.worker.claims import Claim
+from coalescer.worker.livelog import TEXT, LiveLogServer, TaskLog
 from coalescer.worker.protocol import (
     COMPLETED,
     FAILED,
@@ -33,13 +36,13 @@ from coalescer.worker.protocol import (
     Outcome,
     supersedes_view,
 )
-from coalescer.worker.resolve import put_artifact
+from coalescer.worker.resolve import put_artifact, put_reference
 from coalescer.worker.shim import Report, Shim, Superseded
 
 log = logging.getLogger("coalescer.worker")
 
 LIVE_LOG = "public/logs/live.log"
-MAX_LOG_BYTES = 16 << 20
+LIVE_BACKING_LOG = "public/logs/live_backing.log"
 DEFAULT_MAX_RUN_TIME = 3600.0
 
 
@@ -82,31 +85,21 @@ def parse_payload(payload: Any) -> CommandPayload:
     return CommandPayload(tuple(command), dict(env), float(limit), tuple(on_cancel))
 
 
-class TaskLog:
-    """The run's log, kept in memory up to a cap."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def line(self, text: str) -> None:
-        self.write(f"[coalescer-worker] {text}\n".encode())
-
-    def write(self, chunk: bytes) -> None:
-        room = MAX_LOG_BYTES - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-            if len(chunk) > room:
-                self.data += b"\n[coalescer-worker] log truncated\n"
-
-
 class Worker:
     """Claims up to ``capacity`` tasks at a time from ``task_queue_id`` and runs each task set
-    through ``shim``."""
+    through ``shim``; serves the primaries' logs live on ``livelog`` when given."""
 
-    def __init__(self, shim: Shim, task_queue_id: str, capacity: int = 1) -> None:
+    def __init__(
+        self,
+        shim: Shim,
+        task_queue_id: str,
+        capacity: int = 1,
+        livelog: LiveLogServer | None = None,
+    ) -> None:
         self.shim = shim
         self.task_queue_id = task_queue_id
         self.capacity = max(1, capacity)
+        self.livelog = livelog
         #: The latest task sets' reports, newest last (bounded: a worker runs for days).
         self.reports: collections.deque[Report] = collections.deque(maxlen=1000)
 
@@ -175,8 +168,31 @@ class Worker:
         log.info("task set done: %s", report)
 
     async def execute(self, claim: Claim, supersedes: Sequence[Superseded]) -> Outcome:
-        """Run the primary's command; upload its log; return how it ended."""
-        tlog = TaskLog()
+        """Run the primary's command; upload its log; return how it ended.
+
+        With a live log server, ``public/logs/live.log`` refers to the log served live while
+        the command runs; at the end (also when the task is stopped before it), the log is
+        uploaded as ``public/logs/live_backing.log`` and ``live.log`` refers to that instead,
+        so that it outlives this worker."""
+        with TaskLog() as tlog:
+            if self.livelog is None:
+                outcome = await self._logged_run(claim, supersedes, tlog)
+                await self._upload(claim, tlog)
+                return outcome
+            with self.livelog.publish(tlog) as url:
+                try:
+                    await put_reference(claim, LIVE_LOG, url, TEXT)
+                except Exception as exc:  # the task runs all the same, its log kept at the end
+                    log.error("could not create the live log artifact of %r: %s", claim, exc)
+                try:
+                    return await self._logged_run(claim, supersedes, tlog)
+                finally:
+                    tlog.finish()
+                    await self._upload(claim, tlog, backing=True)
+
+    async def _logged_run(
+        self, claim: Claim, supersedes: Sequence[Superseded], tlog: TaskLog
+    ) -> Outcome:
         tlog.line(f"task {claim.task_id} run {claim.run_id} on {self.shim.worker_id}")
         for other in supersedes:
             tlog.line(f"may supersede {other.task_id} run {other.run_id}")
@@ -187,13 +203,22 @@ class Worker:
             tlog.line(f"malformed payload: {exc}")
             outcome = Outcome("exception", "malformed-payload")
         tlog.line(f"resolving {outcome.reason or outcome.state}")
+        return outcome
+
+    async def _upload(self, claim: Claim, tlog: TaskLog, *, backing: bool = False) -> None:
+        """The log as ``live.log``; or, when ``backing``, as ``live_backing.log`` with
+        ``live.log`` referring to it."""
         try:
-            await put_artifact(
-                self.shim.http, claim, LIVE_LOG, bytes(tlog.data), "text/plain; charset=utf-8"
+            if not backing:
+                await put_artifact(self.shim.http, claim, LIVE_LOG, tlog.contents(), TEXT)
+                return
+            await put_artifact(self.shim.http, claim, LIVE_BACKING_LOG, tlog.contents(), TEXT)
+            url = claim.queue.buildUrl(
+                "getArtifact", claim.task_id, str(claim.run_id), LIVE_BACKING_LOG
             )
+            await put_reference(claim, LIVE_LOG, url, TEXT)
         except Exception as exc:
             log.error("could not upload the log of %r: %s", claim, exc)
-        return outcome
 
     async def _run_command(
         self,

@@ -19,7 +19,7 @@ _OUTPUTS = {
     for e in load_reference("api.json")["entries"]
     if "output" in e
 }
-_ROUTING_FIELDS = ("taskId", "runId", "workerGroup", "workerId")
+_EXCHANGES = {e["exchange"]: e for e in load_reference("exchanges.json")["entries"]}
 WORKER = {"workerGroup": "test-group", "workerId": "worker-1"}
 QUEUE_ID = "emulator-test/worker"
 
@@ -66,14 +66,21 @@ class CheckedAioQueue:
 
 
 def check_message(message: dict[str, Any]) -> None:
-    """Body valid for its exchange; routing key and CC as the queue builds them."""
+    """Body valid for its exchange's schema; routing key and CC as the queue builds them."""
     kind = message["exchange"].removeprefix("exchange/taskcluster-queue/v1/")
     assert message["exchange"] != kind, message["exchange"]
+    entry = _EXCHANGES[kind]
     payload = message["payload"]
-    assert_valid(f"{kind}-message", payload)
-    status = payload["status"]
+    assert_valid(entry["schema"].removeprefix("v1/").removesuffix(".json#"), payload)
     words = message["routingKey"].split(".")
+    assert len(words) == len(entry["routingKey"]), message["routingKey"]
     assert words[0] == "primary" and words[-1] == "_"
+    if entry["routingKey"][1]["name"] == "taskGroupId":
+        # a task group's message: primary.<taskGroupId>.<schedulerId>._, no CC
+        assert words[1:-1] == [payload["taskGroupId"], payload["schedulerId"]]
+        assert message["CC"] == []
+        return
+    status = payload["status"]
     expected = [
         status["taskId"],
         str(payload.get("runId", "_")),

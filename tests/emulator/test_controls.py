@@ -53,11 +53,11 @@ def test_a_frozen_clock_moves_only_when_advanced() -> None:
 def test_unknown_routes_answer_in_the_queue_error_shape(em: QueueEmulator) -> None:
     with httpx.Client(base_url=em.root_url) as http:
         missing = http.get("/api/queue/v1/no/such/thing")
-        unimplemented = http.get("/api/queue/v1/task-group/R3k17D1cSqSaipeYXtbskQ/list")
+        unimplemented = http.get("/api/queue/v1/provisioners")
         bad_id = http.get("/api/queue/v1/task/not-a-slug/status")
     assert missing.status_code == 404 and missing.json()["code"] == "ResourceNotFound"
     assert unimplemented.status_code == 404
-    assert "does not implement listTaskGroup" in unimplemented.json()["message"]
+    assert "does not implement listProvisioners" in unimplemented.json()["message"]
     assert bad_id.status_code == 400 and bad_id.json()["code"] == "InvalidRequestArguments"
 
 

@@ -180,6 +180,22 @@ async def test_ingest_reports_per_message_outcomes(
     assert "status" in results[3]["error"]
 
 
+async def test_the_queues_other_exchanges_are_ignored_and_unknown_ones_invalid(
+    client: httpx.AsyncClient, message: Callable[..., Any]
+) -> None:
+    """What a queue (or the emulator's --publish-to) sends besides task states has nothing for
+    the index; a name the queue never publishes on is a mistake."""
+    (a,) = ids(1)
+    others = [
+        {**message(a), "exchange": f"exchange/taskcluster-queue/v1/{name}"}
+        for name in ("task-defined", "artifact-created", "task-group-resolved")
+    ]
+    unknown = {**message(a), "exchange": "exchange/taskcluster-queue/v1/task-exploded"}
+    results = await post(client, *others, unknown)
+    assert [r["status"] for r in results] == ["ignored", "ignored", "ignored", "invalid"]
+    assert "task-exploded" in results[3]["error"]
+
+
 async def test_ingest_accepts_one_message_and_the_routes_spelling(
     client: httpx.AsyncClient, message: Callable[..., Any]
 ) -> None:

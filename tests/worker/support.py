@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -18,6 +19,8 @@ from starlette.responses import Response
 
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.worker import Options, Shim
+from coalescer.worker.livelog import LiveLogServer
+from coalescer.worker.runner import Worker
 
 QUEUE = "emulator-test/worker"
 ROUTE = "coalesce.v1.{key}"
@@ -143,3 +146,25 @@ async def poll(check: Callable[[], Any], within: float = 10.0, what: str = "cond
         if time.monotonic() > give_up:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    *shims: Shim, capacity: int = 1, livelog: LiveLogServer | None = None
+) -> AsyncIterator[list[Worker]]:
+    """Reference workers claiming from the test queue until the block ends."""
+    stop = asyncio.Event()
+    workers = [Worker(shim, QUEUE, capacity, livelog) for shim in shims]
+    loops = [asyncio.create_task(w.run(stop)) for w in workers]
+    try:
+        yield workers
+    finally:
+        stop.set()
+        async with asyncio.timeout(15):
+            await asyncio.gather(*loops)
+
+
+def resolved(tasks: Tasks, *ids: str) -> Callable[[], bool]:
+    return lambda: all(
+        tasks.status(t)["state"] in ("completed", "failed", "exception") for t in ids
+    )

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -16,32 +14,12 @@ import pytest
 
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.worker import Options, Shim
-from coalescer.worker.runner import MalformedPayload, Worker, parse_payload
-from tests.worker.support import QUEUE, Superseder, Tasks, make_shim, poll
+from coalescer.worker.runner import MalformedPayload, parse_payload
+from tests.worker.support import QUEUE, Superseder, Tasks, make_shim, poll, resolved, running
 
 CLAIM_TIMEOUT = 1200  # the emulator's seconds per claim
 
 LOG = "public/logs/live.log"
-
-
-@contextlib.asynccontextmanager
-async def running(*shims: Shim, capacity: int = 1) -> AsyncIterator[list[Worker]]:
-    """Workers claiming from the test queue until the block ends."""
-    stop = asyncio.Event()
-    workers = [Worker(shim, QUEUE, capacity) for shim in shims]
-    loops = [asyncio.create_task(w.run(stop)) for w in workers]
-    try:
-        yield workers
-    finally:
-        stop.set()
-        async with asyncio.timeout(15):
-            await asyncio.gather(*loops)
-
-
-def resolved(tasks: Tasks, *ids: str) -> Callable[[], bool]:
-    return lambda: all(
-        tasks.status(t)["state"] in ("completed", "failed", "exception") for t in ids
-    )
 
 
 async def test_a_command_runs_with_its_ids_and_its_log_is_uploaded(

@@ -148,11 +148,12 @@ async def reconcile(
             log.warning("could not check %d tasks: %s", len(chunk), exc)
             return
         events: list[TaskEvent] = []
+        unknown: dict[str, list[str]] = {}  # by key: tasks the queue does not know
         for task_id, known in chunk:
             status = statuses.get(task_id)
             if status is None:
                 for key in known.keys:
-                    await store.forget(key, [task_id])
+                    unknown.setdefault(key, []).append(task_id)
                 summary.removed += 1
                 log.info("removed task %s: the queue does not know it", task_id)
                 continue
@@ -166,6 +167,8 @@ async def reconcile(
                 summary.unchanged += 1
             else:
                 events.append(event)
+        for key, task_ids in unknown.items():
+            await store.forget(key, task_ids)
         for outcome in await store.apply(events) if events else []:
             if outcome == "applied":
                 summary.fixed += 1

@@ -125,7 +125,7 @@ class Settings:
         if pulse is not None and not pulse.startswith(("amqp://", "amqps://")):
             raise ConfigError("PULSE_URL must start with amqp:// or amqps://")
         values: dict[str, Any] = dict(
-            redis_url=_redis_url(get("REDIS_URL"), get("COALESCER_REDIS_TLS_VERIFY")),
+            redis_url=_redis_url(get("REDIS_URL"), verify=flag("COALESCER_REDIS_TLS_VERIFY", True)),
             host=get("COALESCER_HOST") or cls.host,
             port=integer("PORT", cls.port, 0),
             route_prefix=prefix,
@@ -152,14 +152,20 @@ class Settings:
         return cls(**values)
 
 
-def _redis_url(url: str | None, verify: str | None) -> str | None:
+def _redis_url(url: str | None, *, verify: bool) -> str | None:
     """``REDIS_URL``, told not to verify the server's certificate when
     ``COALESCER_REDIS_TLS_VERIFY=false`` (Heroku Redis: TLS with a self-signed certificate, and
     a URL the add-on sets)."""
-    if verify is None or verify.lower() in ("1", "true", "yes"):
-        return url
-    if verify.lower() not in ("0", "false", "no"):
-        raise ConfigError(f"COALESCER_REDIS_TLS_VERIFY must be true or false, not {verify!r}")
-    if url is None or not url.startswith("rediss://") or "ssl_cert_reqs=" in url:
+    if verify or url is None or not url.startswith("rediss://") or "ssl_cert_reqs=" in url:
         return url
     return url + ("&" if "?" in url else "?") + "ssl_cert_reqs=none"
+
+
+def queue_credentials() -> dict[str, str]:
+    """The queue credentials in the environment (``TASKCLUSTER_CLIENT_ID``,
+    ``TASKCLUSTER_ACCESS_TOKEN``, ``TASKCLUSTER_CERTIFICATE``), as the official client reads
+    them; empty when none are set."""
+    import taskcluster
+
+    creds: dict[str, str] = taskcluster.optionsFromEnvironment({}).get("credentials", {})
+    return creds

@@ -31,6 +31,7 @@ from coalescer import model
 from coalescer.errors import InvalidEvent, StoreUnavailable
 from coalescer.ingest import validation
 from coalescer.ingest.events import status_event
+from coalescer.settings import queue_credentials
 
 if TYPE_CHECKING:
     from coalescer.policy.rules import Policy
@@ -142,9 +143,13 @@ class Learner:
         import taskcluster.aio
 
         session = taskcluster.aio.createSession()
-        queue = taskcluster.aio.Queue(
-            {"rootUrl": settings.taskcluster_root_url, "maxRetries": MAX_RETRIES}, session=session
-        )
+        options: dict[str, Any] = {
+            "rootUrl": settings.taskcluster_root_url,
+            "maxRetries": MAX_RETRIES,
+        }
+        if creds := queue_credentials():  # for a queue whose anonymous role cannot read tasks
+            options["credentials"] = creds
+        queue = taskcluster.aio.Queue(options, session=session)
         return cls(
             store,
             queue,

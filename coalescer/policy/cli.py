@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from typing import Any
 
 from coalescer.errors import ConfigError
-from coalescer.settings import Settings
+from coalescer.settings import Settings, queue_credentials
 from coalescer.worker.protocol import SupersedeAs
 
 log = logging.getLogger("coalescer.policy")
@@ -98,7 +97,7 @@ async def _idle() -> int:
 
 
 async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
-    from coalescer.policy.enforcer import connect, credentials
+    from coalescer.policy.enforcer import connect
     from coalescer.store import open_store
 
     if args.metrics_port is not None:
@@ -111,7 +110,7 @@ async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
         async with connect(
             store,
             settings.taskcluster_root_url or "",
-            credentials(os.environ),
+            queue_credentials(),
             policy=settings.policy,
             worker_group=args.worker_group,
             worker_id=args.worker_id,

@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Mapping
 
-from coalescer.policy.enforcer import connect, credentials
-from coalescer.settings import Settings
+from coalescer.policy.enforcer import connect
+from coalescer.settings import Settings, queue_credentials
 from coalescer.store import Store
 
 log = logging.getLogger("coalescer.policy")
@@ -33,18 +32,14 @@ TASK_NAME = "coalescer enforcer"
 
 
 def start_enforcer(
-    settings: Settings,
-    store: Store,
-    *,
-    environ: Mapping[str, str] | None = None,
-    drain_timeout: float = DRAIN_TIMEOUT,
+    settings: Settings, store: Store, *, drain_timeout: float = DRAIN_TIMEOUT
 ) -> EmbeddedEnforcer | None:
     """Start enforcing on the embedded ``store`` when a rule decides on arrival and the queue's
-    credentials are set (in ``environ``, default ``os.environ``); None otherwise."""
+    credentials are set in the environment; None otherwise."""
     if settings.policy is None or not settings.policy.decides:
         return None
     root_url = settings.taskcluster_root_url
-    creds = credentials(os.environ if environ is None else environ)
+    creds = queue_credentials()
     missing = [
         name
         for name, present in (

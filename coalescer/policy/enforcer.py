@@ -54,22 +54,10 @@ _INITIAL = ("decided",)
 _SETTLING = ("settling",)
 #: States of a primary that is itself being replaced.
 _REPLACED = ("decided", "settling", "held", "superseded", "canceled")
-#: The queue credentials, from the environment variables the official client reads.
-CREDENTIALS = {
-    "clientId": "TASKCLUSTER_CLIENT_ID",
-    "accessToken": "TASKCLUSTER_ACCESS_TOKEN",
-    "certificate": "TASKCLUSTER_CERTIFICATE",
-}
 
 
 def default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def credentials(environ: Mapping[str, str]) -> dict[str, str]:
-    """The enforcer's queue credentials in ``environ`` (as ``taskcluster.optionsFromEnvironment``
-    reads them); empty when none are set."""
-    return {name: environ[var] for name, var in CREDENTIALS.items() if environ.get(var)}
 
 
 @contextlib.asynccontextmanager

@@ -215,6 +215,7 @@ async def test_shutdown_lets_the_action_in_progress_finish(
     assert enforcer_tasks() == []
 
 
+@pytest.mark.usefixtures("credentials")
 async def test_a_stop_that_takes_too_long_interrupts_the_round_and_the_next_enforcer_finishes(
     queue_emulator: QueueEmulator,
     policy_file: Path,
@@ -228,7 +229,7 @@ async def test_a_stop_that_takes_too_long_interrupts_the_round_and_the_next_enfo
         older, newest = loop.create(), loop.create()
         gate.task_id = older  # held until released
         await loop.feed()
-        enforcer = start_enforcer(service, store, environ=CREDENTIALS, drain_timeout=0.2)
+        enforcer = start_enforcer(service, store, drain_timeout=0.2)
         assert enforcer is not None
         assert await asyncio.to_thread(gate.reached.wait, 10)
         started = time.monotonic()
@@ -242,7 +243,7 @@ async def test_a_stop_that_takes_too_long_interrupts_the_round_and_the_next_enfo
         assert (await store.client.xpending("co:{k}:o", "enforce"))["pending"] == 1
 
         gate.released.set()
-        again = start_enforcer(service, store, environ=CREDENTIALS)
+        again = start_enforcer(service, store)
         assert again is not None
         try:  # takes the pending entry over (XAUTOCLAIM) and finishes it, once
             await eventually(lambda: _is(_state(store, older), "superseded"))
@@ -262,6 +263,7 @@ async def _state(store: Store, task_id: str) -> str | None:
     return None if current is None else current.state
 
 
+@pytest.mark.usefixtures("credentials")
 async def test_no_enforcer_without_a_rule_that_decides(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -269,9 +271,9 @@ async def test_no_enforcer_without_a_rule_that_decides(
     path.write_text("rules: [{keys: k, strategy: on-claim}]\n")
     store = await open_store(None, grace_seconds=3600)
     try:
-        got = start_enforcer(settings(path, "http://queue.invalid"), store, environ=CREDENTIALS)
+        got = start_enforcer(settings(path, "http://queue.invalid"), store)
         assert got is None
-        assert start_enforcer(Settings(), store, environ=CREDENTIALS) is None
+        assert start_enforcer(Settings(), store) is None
     finally:
         await store.close()
     assert "NOT carried out" not in caplog.text

@@ -453,3 +453,27 @@ async def test_without_a_root_url_nothing_is_learned(
     r = await client.post("/v1/events", json=[make_message(a)], headers=AUTH)
     assert r.status_code == 200
     assert await supersedes(client, x) == [x]
+
+
+async def test_the_queue_is_asked_with_the_credentials_in_the_environment(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a queue whose anonymous role cannot read tasks: as the official client reads them."""
+    settings = Settings.from_environ({"TASKCLUSTER_ROOT_URL": "http://queue.invalid"})
+    monkeypatch.delenv("TASKCLUSTER_CLIENT_ID", raising=False)
+    monkeypatch.delenv("TASKCLUSTER_ACCESS_TOKEN", raising=False)
+    anonymous = Learner.from_settings(settings, store)
+    monkeypatch.setenv("TASKCLUSTER_CLIENT_ID", "coalescer/web")
+    monkeypatch.setenv("TASKCLUSTER_ACCESS_TOKEN", "s3cret")
+    signed = Learner.from_settings(settings, store)
+    try:
+        assert anonymous is not None and signed is not None
+        assert anonymous.queue.options["credentials"]["clientId"] is None
+        assert signed.queue.options["credentials"]["clientId"] in (
+            "coalescer/web",
+            b"coalescer/web",
+        )
+    finally:
+        for learner in (anonymous, signed):
+            if learner is not None:
+                await learner.close()

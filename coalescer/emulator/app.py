@@ -36,6 +36,7 @@ from starlette.routing import Mount, Route
 from coalescer.emulator import artifacts
 from coalescer.emulator.clock import format_time
 from coalescer.emulator.credentials import Hawk, parse_hawk
+from coalescer.emulator.messages import select
 from coalescer.emulator.model import QueueError
 from coalescer.emulator.runtime import Emulator, EmulatorOptions
 from coalescer.emulator.state import Outcome, QueueState
@@ -202,13 +203,7 @@ def _control_routes(emulator: Emulator) -> list[Route]:
 
     async def messages(request: Request) -> Response:
         kind, task_id = request.query_params.get("exchange"), request.query_params.get("taskId")
-        found = [
-            m
-            for m in list(emulator.publisher.published)
-            if (kind is None or m["exchange"].endswith("/" + kind))
-            and (task_id is None or m["payload"].get("status", {}).get("taskId") == task_id)
-        ]
-        return JSON({"messages": found})
+        return JSON({"messages": select(emulator.publisher.published, kind, task_id)})
 
     async def blob(request: Request) -> Response:
         task_id, run_id = request.path_params["taskId"], int(request.path_params["runId"])

@@ -25,6 +25,7 @@ import uvicorn
 
 from coalescer.emulator.app import create_app
 from coalescer.emulator.clock import Clock, format_time
+from coalescer.emulator.messages import select
 from coalescer.emulator.runtime import Emulator, EmulatorOptions
 
 T = TypeVar("T")
@@ -184,12 +185,7 @@ class QueueEmulator:
     def messages(self, kind: str | None = None, task_id: str | None = None) -> list[dict[str, Any]]:
         """Published messages, filtered by exchange short name (``task-pending``) and taskId
         (which leaves out a task group's messages: they name no task)."""
-        return [
-            m
-            for m in list(self.published)
-            if (kind is None or m["exchange"].rsplit("/", 1)[-1] == kind)
-            and (task_id is None or m["payload"].get("status", {}).get("taskId") == task_id)
-        ]
+        return select(self.published, kind, task_id)
 
     def wait_for_message(
         self, kind: str, task_id: str | None = None, *, timeout: float = 5.0

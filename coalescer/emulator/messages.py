@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 from coalescer.emulator.clock import format_time
@@ -87,10 +88,8 @@ def build(kind: str, task: Task, body: dict[str, Any]) -> Message:
 
 def build_group(kind: str, group: TaskGroup, body: dict[str, Any]) -> Message:
     """A message about a task group on exchange ``kind``: no CC, as a group has no routes."""
-    payload = {"version": 1, "taskGroupId": group.task_group_id, "schedulerId": group.scheduler_id}
-    payload.update(body)
     fields = {"taskGroupId": group.task_group_id, "schedulerId": group.scheduler_id}
-    return _compose(kind, fields, (), payload)
+    return _compose(kind, fields, (), {"version": 1, **fields, **body})
 
 
 def _tags(task: Task) -> dict[str, Any]:
@@ -145,18 +144,12 @@ def artifact_created(task: Task, run: Run, artifact: Artifact) -> Message:
     return build("artifact-created", task, body)
 
 
-def _group_state(group: TaskGroup) -> dict[str, Any]:
-    out = group.to_json()
-    del out["taskGroupId"], out["schedulerId"]
-    return out
-
-
 def task_group_resolved(group: TaskGroup) -> Message:
-    return build_group("task-group-resolved", group, _group_state(group))
+    return build_group("task-group-resolved", group, group.to_json())
 
 
 def task_group_sealed(group: TaskGroup) -> Message:
-    return build_group("task-group-sealed", group, _group_state(group))
+    return build_group("task-group-sealed", group, group.to_json())
 
 
 def task_priority_changed(task: Task, old: str) -> Message:
@@ -169,3 +162,16 @@ def task_priority_changed(task: Task, old: str) -> Message:
 def task_group_priority_changed(group: TaskGroup, priority: str, affected: int) -> Message:
     body = {"newPriority": priority, "tasksAffected": affected}
     return build_group("task-group-priority-changed", group, body)
+
+
+def select(
+    published: Iterable[dict[str, Any]], kind: str | None = None, task_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Published messages (as JSON), filtered by exchange short name (``task-pending``) and
+    taskId (which leaves out a task group's messages: they name no task)."""
+    return [
+        m
+        for m in list(published)
+        if (kind is None or m["exchange"].rsplit("/", 1)[-1] == kind)
+        and (task_id is None or m["payload"].get("status", {}).get("taskId") == task_id)
+    ]

@@ -248,25 +248,13 @@ class QueueState:
     def _next_change(self) -> datetime | None:
         """The earliest deadline, claim expiry or task expiry to come."""
         times = [task.expires for task in self.tasks.values()]
-        for task in self.tasks.values():
-            if not task.resolved:
-                times.append(task.deadline)
-                run = task.runs[-1] if task.runs else None
-                if run is not None and run.state == "running" and run.taken_until is not None:
-                    times.append(run.taken_until)
+        times += [when for task in self.tasks.values() for when, _ in _due_times(task)]
         return min(times, default=None)
 
     def _next_due(self, now: datetime) -> tuple[datetime, int, Task] | None:
         due: tuple[datetime, int, Task] | None = None
         for task in self.tasks.values():
-            if task.resolved:
-                continue
-            # (time, tie-break) pairs: a claim expiring at the deadline expires first
-            candidates = [(task.deadline, 1)]
-            run = task.runs[-1] if task.runs else None
-            if run is not None and run.state == "running" and run.taken_until is not None:
-                candidates.append((run.taken_until, 0))
-            for when, order in candidates:
+            for when, order in _due_times(task):
                 if when <= now and (due is None or (when, order) < due[:2]):
                     due = (when, order, task)
         return due
@@ -361,3 +349,15 @@ class QueueState:
         )
         self.issued[issued.client_id] = issued
         return creds
+
+
+def _due_times(task: Task) -> list[tuple[datetime, int]]:
+    """When an unresolved task's deadline and its running run's claim fall due, as ``(time,
+    tie-break)``: a claim expiring at the deadline expires first."""
+    if task.resolved:
+        return []
+    times = [(task.deadline, 1)]
+    run = task.runs[-1] if task.runs else None
+    if run is not None and run.state == "running" and run.taken_until is not None:
+        times.append((run.taken_until, 0))
+    return times

@@ -30,7 +30,7 @@ from tests.integration.test_pulse import (  # noqa: F401  (fixture)
     prefix,
     routes,
 )
-from tests.integration.test_pulse_process import Listen, pending_count
+from tests.integration.test_pulse_process import Listen, listen_environ, pending_count
 from tests.ports import free_port, free_port_pair
 
 #: Where Debian's package keeps the server's own scripts (``/usr/sbin``'s wrappers switch to the
@@ -206,7 +206,7 @@ async def test_the_consumer_rides_out_a_broker_restart_and_loses_nothing(
     prefix: str,
     tmp_path: Path,
 ) -> None:
-    env = listen_env(node.url, redis_url, publisher.queue, prefix)
+    env = listen_environ(node.url, redis_url, publisher.queue, prefix)
     tasks = ids(3000)
     messages = [make_message(t, routes=routes(prefix, "k")) for t in tasks]
     listen = Listen(env, tmp_path / "listen.log")
@@ -240,24 +240,12 @@ async def test_the_consumer_rides_out_a_broker_restart_and_loses_nothing(
     assert await pending_count(store) == len(tasks)
 
 
-def listen_env(url: str, redis_url: str, queue: str, prefix: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COALESCER_", "PULSE_"))}
-    env.update(
-        REDIS_URL=redis_url,
-        PULSE_URL=url,
-        PULSE_QUEUE=queue,
-        COALESCER_ROUTE_PREFIX=prefix,
-        COALESCER_LOG_FORMAT="text",
-    )
-    return env
-
-
 @needs_rabbitmqctl
 async def test_amqps_with_a_verified_certificate(
     node: Node, publisher: Broker, store: Store, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     tasks = ids(50)
-    env = listen_env(f"{node.tls_url}?cafile={node.ca}", redis_url, publisher.queue, prefix)
+    env = listen_environ(f"{node.tls_url}?cafile={node.ca}", redis_url, publisher.queue, prefix)
     listen = Listen(env, tmp_path / "listen.log")
     try:
         await listen.started()
@@ -273,7 +261,7 @@ async def test_amqps_with_a_verified_certificate(
 async def test_an_untrusted_certificate_stops_listen_with_a_clear_message(
     node: Node, publisher: Broker, redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    env = listen_env(node.tls_url, redis_url, publisher.queue, prefix)
+    env = listen_environ(node.tls_url, redis_url, publisher.queue, prefix)
     listen = Listen(env, tmp_path / "listen.log")
     try:
         assert await listen.exited(within=30) == 2, listen.output()

@@ -96,17 +96,22 @@ def processes() -> Iterator[list[Listen]]:
         p.kill()
 
 
-@pytest.fixture
-def listen_env(redis_url: str, amqp_url: str, prefix: str, broker: Broker) -> dict[str, str]:
+def listen_environ(url: str, redis_url: str, queue: str, prefix: str) -> dict[str, str]:
+    """The environment of a ``coalescer listen`` on ``url``'s ``queue``, for route ``prefix``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COALESCER_", "PULSE_"))}
     env.update(
         REDIS_URL=redis_url,
-        PULSE_URL=amqp_url,
-        PULSE_QUEUE=broker.queue,
+        PULSE_URL=url,
+        PULSE_QUEUE=queue,
         COALESCER_ROUTE_PREFIX=prefix,
         COALESCER_LOG_FORMAT="text",
     )
     return env
+
+
+@pytest.fixture
+def listen_env(redis_url: str, amqp_url: str, prefix: str, broker: Broker) -> dict[str, str]:
+    return listen_environ(amqp_url, redis_url, broker.queue, prefix)
 
 
 async def pending_count(store: Store) -> int:

@@ -30,8 +30,10 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 * ``co:{K}:df`` hash   victim taskId → its task definition (JSON), for the primary's handoff;
 * ``co:{K}:lease``     string: the enforcer working on the key, with a TTL.
 
-Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash) and
-``co:outbox`` (zset, key → last time it may have had outbox work).
+Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash),
+``co:outbox`` (zset, key → last time it may have had outbox work), ``co:index`` (hash: the
+index's state marker, ``state`` ok|lost, ``since_ms``, ``rebuilt_ms``; see ``marker.lua``) and
+``co:probe`` (string: a write that shows Redis takes writes).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import functools
 KEYS_INDEX = "co:keys"
 STATS = "co:stats"
 OUTBOX = "co:outbox"
+INDEX_STATE = "co:index"
+PROBE = "co:probe"
 #: The consumer group of every outbox stream.
 OUTBOX_GROUP = "enforce"
 

@@ -355,7 +355,7 @@ async def test_redis_down_holds_deliveries_and_applies_them_when_it_is_back(
             await eventually(lambda: _count(store, "k", 5), what="the first events")
             redis.kill()
             await broker.publish_all([make_message(t, routes=routes(prefix, "k")) for t in later])
-            await eventually(lambda: _async("holding 5 events" in caplog.text), what="a retry")
+            await eventually(lambda: _async("; holding" in caplog.text), what="a retry")
             assert await broker.depth() == 0  # delivered, held unacknowledged: not lost
             redis.start()  # empty: it kept nothing on disk
             await eventually(

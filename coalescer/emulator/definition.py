@@ -1,10 +1,10 @@
 """createTask's input, completed and checked as the real queue does before storing it.
 
 The request has already passed ``create-task-request.json``, which filled in its defaults (so
-``queue.task`` returns a full ``task.json``); this adds ``taskGroupId`` (the taskId), derives ``taskQueueId`` from
-``provisionerId``/``workerType`` or the reverse, and applies the queue's time rules. Dates are
-rewritten in one canonical form so that an idempotent retry with differently written dates still
-compares equal.
+``queue.task`` returns a full ``task.json``); this adds ``taskGroupId`` (the taskId), derives
+``taskQueueId`` from ``provisionerId``/``workerType`` or the reverse, and applies the queue's time
+rules. Dates are rewritten in one canonical form so that an idempotent retry with differently
+written dates still compares equal.
 """
 
 from __future__ import annotations

@@ -118,7 +118,8 @@ class Emulator:
         self._emit(self.state.resolve_groups())
 
     def advance(self, seconds: float) -> datetime:
-        """Move the clock forward and apply what became due; returns the new time."""
+        """Move the clock forward and run the background work (:meth:`tick`); returns the new
+        time."""
         now = self.clock.advance(seconds)
         self.tick()
         return now

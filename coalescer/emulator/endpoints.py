@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from coalescer import __version__
-from coalescer.emulator import artifacts, claims, groups
+from coalescer.emulator import artifacts, claims, groups, listings
 from coalescer.emulator.app import JSON, Call, Handler
 from coalescer.emulator.model import Artifact, QueueError, Task
 
@@ -344,4 +344,5 @@ HANDLERS: dict[str, Handler] = {
     "listLatestArtifacts": list_artifacts,
     "artifactInfo": artifact_info,
     "latestArtifactInfo": artifact_info,
+    **listings.HANDLERS,
 }

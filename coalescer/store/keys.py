@@ -41,6 +41,8 @@ import functools
 KEYS_INDEX = "co:keys"
 STATS = "co:stats"
 OUTBOX = "co:outbox"
+#: Hash: ``state`` (``ok`` | ``lost``), ``since_ms``, ``rebuilt_ms``: whether the index is whole.
+INDEX_STATE = "co:index"
 #: The consumer group of every outbox stream.
 OUTBOX_GROUP = "enforce"
 

@@ -315,6 +315,12 @@ class Store:
         )
         return int(held)
 
+    async def mark_rebuilt(self, now_ms: int) -> None:
+        """Record that the index was rebuilt whole from the queue at ``now_ms``."""
+        await self._pipeline(
+            lambda pipe: pipe.hset(keys.INDEX_STATE, mapping={"state": "ok", "rebuilt_ms": now_ms})
+        )
+
     async def stats(self) -> dict[str, str]:
         (raw,) = await self._pipeline(lambda pipe: pipe.hgetall(keys.STATS))
         return {k.decode(): v.decode() for k, v in raw.items()}

@@ -9,16 +9,17 @@
 Pages are cut by ``limit`` (at most 1000). The ``continuationToken`` names the last entry
 returned, not an offset, so that a task leaving the listing between two pages (claimed,
 resolved) does not make the next page skip one that is still there.
+
+Pure: each function takes the state and the query string and returns the answer's body.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from coalescer.emulator.app import Call, Handler
 from coalescer.emulator.clock import format_time, parse_time
 from coalescer.emulator.model import QueueError, Run, Task
 from coalescer.emulator.state import QueueState
@@ -137,24 +138,3 @@ def task_queues(state: QueueState, query: Mapping[str, str]) -> dict[str, Any]:
         for queue_id, seen in active.items()
     )
     return _keyset_page(rows, query, "taskQueues", _QUEUE_TOKEN)
-
-
-def _by_queue(
-    listing: Callable[[QueueState, str, Mapping[str, str]], dict[str, Any]],
-) -> Handler:
-    async def handler(call: Call) -> Any:
-        queue_id, query = call.params["taskQueueId"], call.request.query_params
-        return call.read(lambda: listing(call.state, queue_id, query))
-
-    return handler
-
-
-async def list_task_queues(call: Call) -> Any:
-    return call.read(lambda: task_queues(call.state, call.request.query_params))
-
-
-HANDLERS: dict[str, Handler] = {
-    "listPendingTasks": _by_queue(pending_tasks),
-    "listClaimedTasks": _by_queue(claimed_tasks),
-    "listTaskQueues": list_task_queues,
-}

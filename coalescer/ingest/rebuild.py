@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -34,12 +34,12 @@ from coalescer.store import Store
 
 log = logging.getLogger(__name__)
 
-#: Listing method → the schema of its answer.
-_SCHEMAS = {
-    "listPendingTasks": "list-pending-tasks-response",
-    "listClaimedTasks": "list-claimed-tasks-response",
-    "listTaskGroup": "list-task-group-response",
-    "listTaskQueues": "list-taskqueues-response",
+#: Listing method → the schema of its answer, and what names an entry.
+_SCHEMAS: dict[str, tuple[str, Callable[[Any], Hashable]]] = {
+    "listPendingTasks": ("list-pending-tasks-response", lambda e: (e["taskId"], e["runId"])),
+    "listClaimedTasks": ("list-claimed-tasks-response", lambda e: (e["taskId"], e["runId"])),
+    "listTaskGroup": ("list-task-group-response", lambda e: e["status"]["taskId"]),
+    "listTaskQueues": ("list-taskqueues-response", lambda e: e["taskQueueId"]),
 }
 #: Task states worth rebuilding from a task group's listing (the others say nothing the index
 #: needs: unscheduled tasks have no run, resolved ones are never offered).
@@ -134,7 +134,8 @@ async def pages(queue: Any, method: str, *args: str) -> AsyncIterator[list[Mappi
             raise ListingFailed(_explain(method, args, exc)) from exc
         except (TaskclusterFailure, aiohttp.ClientError, TimeoutError) as exc:
             raise ListingFailed(f"{method} failed: {exc}") from exc
-        problems = validation.errors(_SCHEMAS[method], body)
+        schema, identity = _SCHEMAS[method]
+        problems = validation.listing_errors(schema, body, field, identity)
         if problems:
             raise ListingFailed(f"the queue's {method} answer fails its schema: {problems[0]}")
         yield body[field]

@@ -8,6 +8,7 @@
     ├── AuthError            ingest token missing or wrong
     │   └── IngestDisabled   no ingest token configured
     ├── StoreUnavailable     Redis cannot be reached (the web edge answers 503)
+    ├── ingest.rebuild.ListingFailed         a queue listing could not be read to its end
     └── worker.protocol.SupersederError      a superseder's answer cannot be used (the task
                                              then runs alone)
 

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from taskcluster.exceptions import TaskclusterFailure, TaskclusterRestFailure
 
-from coalescer.errors import InvalidEvent
+from coalescer.errors import CoalescerError, InvalidEvent
 from coalescer.ingest import validation
 from coalescer.ingest.events import status_event
 from coalescer.ingest.reconcile import StatusFetcher
@@ -46,7 +46,7 @@ _SCHEMAS: dict[str, tuple[str, Callable[[Any], Hashable]]] = {
 _LIVE = frozenset(("pending", "running"))
 
 
-class ListingFailed(Exception):
+class ListingFailed(CoalescerError):
     """A listing could not be read to its end; the message says why and what to do."""
 
 
@@ -96,6 +96,8 @@ def listed_task(entry: Mapping[str, Any], prefix: str) -> Listed | None:
 
 @dataclasses.dataclass
 class RebuildSummary:
+    """What a rebuild did; ``incomplete`` names each listing it could not read to its end."""
+
     listed: int = 0
     tasks: int = 0
     keys: set[str] = dataclasses.field(default_factory=set)

@@ -149,11 +149,13 @@ async def test_a_queue_without_the_listings_says_so_and_task_groups_still_work(
     assert elsewhere not in await pending(store)
 
 
-def rebuild_process(root_url: str, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def reconcile_process(
+    root_url: str, redis_url: str, *args: str
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COALESCER_", "TASKCLUSTER_"))}
     env.update(REDIS_URL=redis_url, TASKCLUSTER_ROOT_URL=root_url, COALESCER_LOG_FORMAT="text")
     return subprocess.run(
-        [sys.executable, "-m", "coalescer.cli", "reconcile", "--rebuild", *args],
+        [sys.executable, "-m", "coalescer.cli", "reconcile", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -167,12 +169,12 @@ async def test_the_command_marks_the_index_rebuilt_only_when_it_covered_everythi
     em = queue_emulator
     tasks = [em.create_task(routes=["coalesce.v1.k"]) for _ in range(3)]
     unknown = taskcluster.slugid.nice()
-    run = rebuild_process(em.root_url, redis_url, "--task-group", unknown, "--progress")
+    run = reconcile_process(em.root_url, redis_url, "--rebuild", "--task-group", unknown)
     assert run.returncode == 1, run.stderr
     assert "INCOMPLETE" in run.stdout and f"does not know task group {unknown}" in run.stderr
     assert await redis_client.exists(keys.INDEX_STATE) == 0
 
-    run = rebuild_process(em.root_url, redis_url, "--progress")
+    run = reconcile_process(em.root_url, redis_url, "--rebuild", "--progress")
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("rebuilt 3 tasks under 1 keys (3 listed)")
     assert "rebuild: 100%" in run.stderr and "3/3" in run.stderr
@@ -185,13 +187,14 @@ async def test_the_command_marks_the_index_rebuilt_only_when_it_covered_everythi
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--task-queue-id", "no-slash"], "not a taskQueueId: 'no-slash'"),
-        (["--task-group", "nope"], "malformed taskGroupId 'nope'"),
-        (["--every", "5"], "--rebuild runs once"),
+        (["--rebuild", "--task-queue-id", "no-slash"], "not a taskQueueId: 'no-slash'"),
+        (["--rebuild", "--task-group", "nope"], "malformed taskGroupId 'nope'"),
+        (["--rebuild", "--every", "5"], "--rebuild runs once"),
+        (["--task-queue-id", "p/q"], "--task-queue-id and --task-group go with --rebuild"),
     ],
 )
 def test_bad_arguments_are_clear_errors(
     queue_emulator: QueueEmulator, redis_url: str, args: list[str], message: str
 ) -> None:
-    run = rebuild_process(queue_emulator.root_url, redis_url, *args)
+    run = reconcile_process(queue_emulator.root_url, redis_url, *args)
     assert run.returncode == 2 and message in run.stderr, run.stderr

@@ -292,7 +292,7 @@ async def _rebuild(store: Any, queue: Any, args: argparse.Namespace, settings: S
             queue_ids = await task_queue_ids(queue)
         except ListingFailed as exc:
             raise ConfigError(
-                f"cannot find the active task queues: {exc}; name them with --task-queue-id"
+                f"cannot find the active task queues: {exc} (or name them with --task-queue-id)"
             ) from exc
         log.info("rebuilding from %d active task queues", len(queue_ids))
     disable = None if args.progress is None else not args.progress

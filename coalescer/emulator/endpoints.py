@@ -313,7 +313,8 @@ def _by_task_queue(listing: Callable[[QueueState, str, Mapping[str, str]], Any])
 
 
 async def list_task_queues(call: Call) -> Any:
-    return call.read(lambda: listings.task_queues(call.state, call.request.query_params))
+    now = call.emulator.clock.now()
+    return call.read(lambda: listings.task_queues(call.state, call.request.query_params, now))
 
 
 async def not_implemented(call: Call) -> Any:

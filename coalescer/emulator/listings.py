@@ -4,7 +4,8 @@
 * ``listPendingTasks``: the pending runs of a task queue, in the order they were inserted into
   the pending queue (``inserted`` is when the run became pending);
 * ``listClaimedTasks``: its running runs, the oldest claim first;
-* ``listTaskQueues``: every task queue that holds a task, by ``taskQueueId``.
+* ``listTaskQueues``: the task queues seen lately (tasks created in them, claimed from them),
+  by ``taskQueueId``.
 
 Pages are cut by ``limit`` (at most 1000). The ``continuationToken`` names the last entry
 returned, not an offset, so that a task leaving the listing between two pages (claimed,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from coalescer.emulator.clock import format_time, parse_time
@@ -31,6 +32,9 @@ _QUEUE_DEFAULTS = {"stability": "experimental", "description": ""}
 #: What a continuationToken looks like: a run's place (see :func:`_sortable`), a taskQueueId.
 _RUN_TOKEN = r"[0-9]{20}-[0-9]{12}"
 _QUEUE_TOKEN = r"[a-zA-Z0-9_-]{1,38}/[-a-z0-9]{1,38}"
+#: How long a task queue outlives its last creation of a task, and its last claim.
+_SEEN_BY_CREATION = timedelta(days=5)
+_SEEN_BY_CLAIM = timedelta(days=1)
 
 
 def _limit(query: Mapping[str, str]) -> int:
@@ -114,17 +118,20 @@ def claimed_tasks(state: QueueState, queue_id: str, query: Mapping[str, str]) ->
     return _keyset_page(rows, query, "tasks")
 
 
-def task_queues(state: QueueState, query: Mapping[str, str]) -> dict[str, Any]:
-    """``list-taskqueues-response.json``: a task queue is active from its first task until its
-    last one expires; it was last active when a task was created or claimed in it."""
+def task_queues(state: QueueState, query: Mapping[str, str], now: datetime) -> dict[str, Any]:
+    """``list-taskqueues-response.json``: as the real queue keeps them, a task queue is seen
+    when a task is created in it (it then lives 5 more days) or claimed from it (1 more day);
+    it is listed until it expires."""
     active: dict[str, datetime] = {}
     expires: dict[str, datetime] = {}
     for task in state.tasks.values():
         queue_id = task.task_queue_id
         created = parse_time(task.definition["created"])
-        seen = max([created, *(r.started for r in task.runs if r.started is not None)])
-        active[queue_id] = max(active.get(queue_id, seen), seen)
-        expires[queue_id] = max(expires.get(queue_id, task.expires), task.expires)
+        seen = [(created, created + _SEEN_BY_CREATION)]
+        seen += [(r.started, r.started + _SEEN_BY_CLAIM) for r in task.runs if r.started]
+        for when, until in seen:
+            active[queue_id] = max(active.get(queue_id, when), when)
+            expires[queue_id] = max(expires.get(queue_id, until), until)
     rows = (
         (
             queue_id,
@@ -132,9 +139,10 @@ def task_queues(state: QueueState, query: Mapping[str, str]) -> dict[str, Any]:
                 "taskQueueId": queue_id,
                 **_QUEUE_DEFAULTS,
                 "expires": format_time(expires[queue_id]),
-                "lastDateActive": format_time(seen),
+                "lastDateActive": format_time(last),
             },
         )
-        for queue_id, seen in active.items()
+        for queue_id, last in active.items()
+        if expires[queue_id] > now
     )
     return _keyset_page(rows, query, "taskQueues", _QUEUE_TOKEN)

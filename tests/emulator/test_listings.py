@@ -100,6 +100,10 @@ def test_task_queues_with_tasks_are_listed(em: QueueEmulator, queue: CheckedQueu
     assert [e["taskQueueId"] for e in entries] == [OTHER_QUEUE, QUEUE_ID] and pages == 2
     last = {e["taskQueueId"]: e["lastDateActive"] for e in entries}
     assert last[OTHER_QUEUE] > last[QUEUE_ID]
+    # Five days after its last task was created, a task queue is no longer active, though its
+    # tasks are still there.
+    em.clock.advance(5 * 86400 - 30)
+    assert [e["taskQueueId"] for e in queue.listTaskQueues()["taskQueues"]] == [OTHER_QUEUE]
 
 
 @pytest.mark.parametrize("token", ["nonsense", "1-2"])

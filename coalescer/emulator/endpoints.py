@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from coalescer import __version__
-from coalescer.emulator import artifacts, claims, groups
+from coalescer.emulator import artifacts, claims, groups, listings
 from coalescer.emulator.app import JSON, Call, Handler
 from coalescer.emulator.collation import sort_key
 from coalescer.emulator.model import Artifact, QueueError, Task
+from coalescer.emulator.state import QueueState
 
 T = TypeVar("T")
 _STARTED = time.monotonic()
@@ -306,6 +307,19 @@ async def artifact_info(call: Call) -> Any:
     return call.read(query)
 
 
+def _by_task_queue(listing: Callable[[QueueState, str, Mapping[str, str]], Any]) -> Handler:
+    async def handler(call: Call) -> Any:
+        queue_id, query = call.params["taskQueueId"], call.request.query_params
+        return call.read(lambda: listing(call.state, queue_id, query))
+
+    return handler
+
+
+async def list_task_queues(call: Call) -> Any:
+    now = call.emulator.clock.now()
+    return call.read(lambda: listings.task_queues(call.state, call.request.query_params, now))
+
+
 async def not_implemented(call: Call) -> Any:
     raise QueueError("ResourceNotFound", f"the queue emulator does not implement {call.name}")
 
@@ -347,4 +361,7 @@ HANDLERS: dict[str, Handler] = {
     "listLatestArtifacts": list_artifacts,
     "artifactInfo": artifact_info,
     "latestArtifactInfo": artifact_info,
+    "listPendingTasks": _by_task_queue(listings.pending_tasks),
+    "listClaimedTasks": _by_task_queue(listings.claimed_tasks),
+    "listTaskQueues": list_task_queues,
 }

@@ -172,7 +172,7 @@ async def test_the_command_marks_the_index_rebuilt_only_when_it_covered_everythi
     run = reconcile_process(em.root_url, redis_url, "--rebuild", "--task-group", unknown)
     assert run.returncode == 1, run.stderr
     assert "INCOMPLETE" in run.stdout and f"does not know task group {unknown}" in run.stderr
-    assert await redis_client.exists(keys.INDEX_STATE) == 0
+    assert (await redis_client.hgetall(keys.INDEX_STATE))[b"state"] == b"lost"
 
     run = reconcile_process(em.root_url, redis_url, "--rebuild", "--progress")
     assert run.returncode == 0, run.stderr

@@ -118,7 +118,7 @@ class Settings:
             return value
 
         prefix = get("COALESCER_ROUTE_PREFIX") or cls.route_prefix
-        if not _PREFIX_RE.match(prefix):
+        if not _PREFIX_RE.fullmatch(prefix):
             raise ConfigError(f"COALESCER_ROUTE_PREFIX {prefix!r} is not a dotted route prefix")
         token = get("COALESCER_INGEST_TOKEN")
         pulse = get("PULSE_URL")

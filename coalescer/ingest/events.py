@@ -16,9 +16,11 @@ from coalescer import schemas
 from coalescer.errors import InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.model import (
+    MAX_ROUTES,
     STATE_RANKS,
     TERMINAL_RUN,
     TaskEvent,
+    check_task_id,
     keys_from_routes,
     parse_time_ms,
 )
@@ -89,6 +91,11 @@ def to_event(message: Message, *, prefix: str, rank_tag: str | None = None) -> T
     if message.exchange not in TASK_EXCHANGES and message.exchange in queue_exchanges():
         return None
     state = exchange_state(message.exchange)
+    if len(message.routes) > MAX_ROUTES:
+        raise InvalidEvent(
+            f"the message names {len(message.routes)} routes; a queue message carries at most "
+            f"{MAX_ROUTES} (one CC route.<route> per task route, task.routes maxItems)"
+        )
     keys = keys_from_routes(message.routes, prefix)
     if not keys:
         return None
@@ -138,6 +145,8 @@ def status_event(
         # Newest knowledge wins: the announced run, or a later run the status shows.
         if runs and (runs[-1]["runId"], STATE_RANKS[runs[-1]["state"]]) > (run_id, rank):
             run_id, state = runs[-1]["runId"], runs[-1]["state"]
+        # The schema's pattern ends in ``$``, which lets a trailing newline through.
+        check_task_id(status["taskId"])
         deadline_ms = parse_time_ms(status["deadline"])
         since_ms = parse_time_ms(runs[-1]["scheduled"]) if runs else deadline_ms
         if order is None:

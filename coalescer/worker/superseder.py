@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 
+from coalescer.worker.allow import canonical_url, url_allowed
 from coalescer.worker.protocol import (
     Options,
     SupersederError,
     parse_answer,
     query_url,
     superseder_url,
-    url_allowed,
 )
 
 
@@ -62,7 +62,10 @@ async def ask(
         )
     try:
         async with asyncio.timeout(options.timeout):
-            body = await fetch_answer(http, url, task_id, max_bytes=options.max_answer_bytes)
+            # What was checked is what is fetched.
+            body = await fetch_answer(
+                http, canonical_url(url), task_id, max_bytes=options.max_answer_bytes
+            )
     except TimeoutError:
         raise SupersederError(
             "timeout", f"the superseder did not answer within {options.timeout:g} s"

@@ -6,7 +6,10 @@ Each page is also JSON for an API client (``Accept`` without ``text/html``, or
 
 from __future__ import annotations
 
+import base64
 import fnmatch
+import hashlib
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +22,7 @@ from coalescer import model
 from coalescer.errors import InvalidInput
 from coalescer.store import Store, views
 from coalescer.web import lineage
-from coalescer.web.responses import JSON, error, wants_html
+from coalescer.web.responses import JSON, NOSNIFF, error, wants_html
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("coalescer.web", "templates"),
@@ -75,12 +78,44 @@ def iso(ms: int | float | None) -> str | None:
 _ENV.filters.update(ago=ago, until=until, utc=utc)
 
 
+def _style_source() -> str:
+    """The pages' one stylesheet: the ``<style>`` element of ``base.html``, verbatim."""
+    assert _ENV.loader is not None
+    source = _ENV.loader.get_source(_ENV, "base.html")[0]
+    found = re.search(r"<style>(.*?)</style>", source, re.DOTALL)
+    assert found is not None, "base.html has no <style> element"
+    return found[1]
+
+
+#: The pages run no script and load nothing but their own stylesheet (allowed by its hash),
+#: submit their search forms to this service, and are never framed.
+CSP = "; ".join(
+    [
+        "default-src 'none'",
+        "style-src 'sha256-"
+        + base64.b64encode(hashlib.sha256(_style_source().encode()).digest()).decode()
+        + "'",
+        "img-src 'self'",
+        "form-action 'self'",
+        "base-uri 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+HEADERS = {
+    "cache-control": "no-store",
+    "content-security-policy": CSP,
+    "x-frame-options": "DENY",
+    NOSNIFF[0].decode(): NOSNIFF[1].decode(),
+    "referrer-policy": "same-origin",
+}
+
+
 def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
     settings = request.app.state.settings
     body = _ENV.get_template(template).render(
         settings=settings, root_url=settings.taskcluster_root_url, **context
     )
-    return HTMLResponse(body, status_code=status, headers={"cache-control": "no-store"})
+    return HTMLResponse(body, status_code=status, headers=HEADERS)
 
 
 def _store(request: Request) -> Store:

@@ -54,7 +54,7 @@ def registry() -> Registry[Any]:
 
 
 @functools.cache
-def validator(name: str, *, legacy: bool = False) -> Any:
+def validator(name: str, *, legacy: bool = False) -> jsonschema.protocols.Validator:
     """A validator for ``queue/v1/<name>.json`` (``legacy`` takes the v39 copy when there is one)."""
     folder = (
         "queue/v39"

@@ -22,7 +22,7 @@ from coalescer import model
 from coalescer.errors import InvalidInput
 from coalescer.store import Store, views
 from coalescer.web import lineage
-from coalescer.web.responses import JSON, NOSNIFF, error, wants_html
+from coalescer.web.responses import JSON, error, wants_html
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("coalescer.web", "templates"),
@@ -105,7 +105,7 @@ HEADERS = {
     "cache-control": "no-store",
     "content-security-policy": CSP,
     "x-frame-options": "DENY",
-    NOSNIFF[0].decode(): NOSNIFF[1].decode(),
+    "x-content-type-options": "nosniff",
     "referrer-policy": "same-origin",
 }
 

@@ -93,10 +93,8 @@ def url_allowed(url: str, prefixes: Sequence[str]) -> bool:
         return False
     for prefix in prefixes:
         try:
-            head = canonical_url(prefix) if prefix else ""
+            head = canonical_url(prefix)
         except AmbiguousUrl:
-            continue
-        if not head:
             continue
         if not prefix.endswith("/") and head.endswith("/") and "?" not in head:
             head = head[:-1]  # "https://h/a" names the path "/a", not "/a/"

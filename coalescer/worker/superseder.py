@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from coalescer.worker.allow import canonical_url, url_allowed
+from coalescer.worker.allow import AmbiguousUrl, canonical_url, url_allowed
 from coalescer.worker.protocol import (
     Options,
     SupersederError,
@@ -82,17 +82,18 @@ async def ask(
     Raises SupersederError (with a reason to log) when the task has no ``supersederUrl``, the
     URL is not under an allowed prefix, or the superseder is down, slow or talking nonsense.
     """
-    url = superseder_url(task)
+    given = superseder_url(task)
+    try:
+        url = canonical_url(given)  # what is checked is what is fetched
+    except AmbiguousUrl as exc:
+        raise SupersederError("not-allowed", f"supersederUrl {given!r} is refused: {exc}") from None
     if not url_allowed(url, options.allow):
         raise SupersederError(
-            "not-allowed", f"supersederUrl {url!r} is not under an allowed prefix"
+            "not-allowed", f"supersederUrl {given!r} is not under an allowed prefix"
         )
     try:
         async with asyncio.timeout(options.timeout):
-            # What was checked is what is fetched.
-            body = await fetch_answer(
-                http, canonical_url(url), task_id, max_bytes=options.max_answer_bytes
-            )
+            body = await fetch_answer(http, url, task_id, max_bytes=options.max_answer_bytes)
     except TimeoutError:
         raise SupersederError(
             "timeout", f"the superseder did not answer within {options.timeout:g} s"

@@ -140,5 +140,5 @@ def test_a_task_id_with_a_trailing_newline_is_invalid() -> None:
     # The schema's pattern ends in "$", which Python's re also matches before a final newline.
     message = make_message(TASK)
     message["payload"]["status"]["taskId"] = TASK + "\n"
-    with pytest.raises(InvalidEvent, match="malformed taskId"):
+    with pytest.raises(InvalidEvent, match=r"status/taskId: .* does not match"):
         to_event(Message.from_json(message), prefix="coalesce.v1")

@@ -44,7 +44,7 @@ async def test_ingest_refuses_newline_ids_and_more_routes_than_a_task_can_have(
     flood = make_message(b, routes=tuple(f"coalesce.v1.k{i}" for i in range(65)))
     results = await post(client, newline, flood, make_message(c, routes=("coalesce.v1.k\n",)))
     assert [r["status"] for r in results] == ["invalid", "invalid", "ignored"]
-    assert "malformed taskId" in results[0]["error"]
+    assert "status/taskId: " in results[0]["error"] and "does not match" in results[0]["error"]
     assert "at most 64" in results[1]["error"]
     assert await store.keys() == []
 

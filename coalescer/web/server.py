@@ -46,19 +46,20 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():  # refused: read nothing more
+        # Bytes that arrive after a body are counted from the next read on (pipelining): at
+        # most one read's worth of a head goes uncounted.
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self._limit:
+                self._over_limit(data)
+                return
+        super().data_received(data)
+
+    def _over_limit(self, data: bytes) -> None:
+        """Refuse, unless the head ends within what fits and the rest is a body."""
+        if self.transport.is_closing():  # refused already: read nothing more
             return
-        if not self._in_head:
-            # A body, possibly followed by the start of the next head (pipelining): that
-            # start goes uncounted, at most one read's worth.
-            super().data_received(data)
-            return
-        room = self._limit - self._head_bytes
-        self._head_bytes += len(data)
-        if len(data) <= room:
-            super().data_received(data)
-            return
-        # Over the limit unless the head ends within what fits (the rest being a body).
+        room = max(0, self._limit - (self._head_bytes - len(data)))
         done = self._heads_done
         super().data_received(data[:room])
         if self.transport.is_closing():

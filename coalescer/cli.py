@@ -28,9 +28,8 @@ PLUGINS = (
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
-
     from coalescer.web.app import create_app
+    from coalescer.web.server import serve
 
     host = args.host or settings.host
     port = settings.port if args.port is None else args.port
@@ -40,16 +39,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         port,
         "redis" if settings.redis_url else "embedded",
     )
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        proxy_headers=True,
-        lifespan="on",
-        log_config=None,  # keep coalescer's JSON logging for uvicorn's own lines too
-    )
+    serve(create_app(settings), host=host, port=port, max_header_bytes=settings.max_header_bytes)
     return 0
 
 

@@ -16,12 +16,17 @@ from datetime import datetime
 from coalescer.errors import InvalidInput
 
 #: Taskcluster's taskId: a v4 UUID as URL-safe base64 without padding (task-status.json).
+#: Anchored for the API schema; validate with ``fullmatch``, since ``$`` also matches before
+#: a trailing newline.
 TASK_ID_RE = re.compile(
     r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]$"
 )
 #: A coalescing key: dotted words of route characters. A URL path's ``/`` reads as ``.``.
 KEY_RE = re.compile(r"^[A-Za-z0-9_~+:@-]+(\.[A-Za-z0-9_~+:@-]+)*$")
 MAX_KEY_LENGTH = 200
+#: The most routes a task can have (``task.json``: ``routes.maxItems``), so the most ``CC``
+#: routes a queue message can carry.
+MAX_ROUTES = 64
 #: runId for an exception that resolved a task before any run (deadline): newer than any run.
 TERMINAL_RUN = 1001
 
@@ -79,7 +84,7 @@ def parse_time_ms(value: str) -> int:
 
 
 def check_task_id(value: str) -> str:
-    if not TASK_ID_RE.match(value):
+    if not TASK_ID_RE.fullmatch(value):
         raise InvalidInput(
             f"malformed taskId {value!r}: expected a slugid (a v4 UUID in 22 URL-safe base64 "
             "characters, as taskcluster.slugid.nice() makes, e.g. fN1SbArXTPSVFNUvaOlinQ)"
@@ -98,7 +103,7 @@ def check_key(key: str) -> str:
         raise InvalidInput("missing coalescing key")
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidInput(f"coalescing key longer than {MAX_KEY_LENGTH} characters")
-    if not KEY_RE.match(key):
+    if not KEY_RE.fullmatch(key):
         raise InvalidInput(
             f"malformed coalescing key {key!r}: use letters, digits and _~+:@- "
             "in dot- or slash-separated words"
@@ -107,16 +112,16 @@ def check_key(key: str) -> str:
 
 
 def keys_from_routes(routes: list[str] | tuple[str, ...], prefix: str) -> tuple[str, ...]:
-    """The coalescing keys of a task: every route ``<prefix>.K`` (``route.`` CC form accepted)."""
+    """The coalescing keys of a task, in route order without repeats: every route
+    ``<prefix>.K`` (``route.`` CC form accepted)."""
     head = prefix + "."
-    found: list[str] = []
+    found: dict[str, None] = {}  # ordered, and linear in the number of routes
     for route in routes:
-        if route.startswith("route."):
-            route = route[len("route.") :]
+        route = route.removeprefix("route.")
         if route.startswith(head):
             key = route[len(head) :]
-            if key and len(key) <= MAX_KEY_LENGTH and KEY_RE.match(key) and key not in found:
-                found.append(key)
+            if key and len(key) <= MAX_KEY_LENGTH and KEY_RE.fullmatch(key):
+                found[key] = None
     return tuple(found)
 
 

@@ -61,6 +61,8 @@ class Settings:
     grace_seconds: int = 3600
     ingest_token: Secret | None = None
     max_body_bytes: int = 1 << 20
+    #: ``COALESCER_MAX_HEADER_BYTES``: largest request head (request line and headers)
+    max_header_bytes: int = 16 << 10
     taskcluster_root_url: str | None = None
     #: ``COALESCER_LEARN_UNKNOWN``: ask the queue about a queried task the index does not know
     #: (only with ``TASKCLUSTER_ROOT_URL``; see coalescer.ingest.learn)
@@ -122,7 +124,7 @@ class Settings:
             return value
 
         prefix = get("COALESCER_ROUTE_PREFIX") or cls.route_prefix
-        if not _PREFIX_RE.match(prefix):
+        if not _PREFIX_RE.fullmatch(prefix):
             raise ConfigError(f"COALESCER_ROUTE_PREFIX {prefix!r} is not a dotted route prefix")
         token = get("COALESCER_INGEST_TOKEN")
         pulse = get("PULSE_URL")
@@ -138,6 +140,7 @@ class Settings:
             grace_seconds=integer("COALESCER_GRACE_SECONDS", cls.grace_seconds, 0),
             ingest_token=Secret(token) if token else None,
             max_body_bytes=integer("COALESCER_MAX_BODY_BYTES", cls.max_body_bytes, 1024),
+            max_header_bytes=integer("COALESCER_MAX_HEADER_BYTES", cls.max_header_bytes, 1024),
             taskcluster_root_url=(get("TASKCLUSTER_ROOT_URL") or "").rstrip("/") or None,
             learn_unknown=flag("COALESCER_LEARN_UNKNOWN", cls.learn_unknown),
             learn_timeout=seconds("COALESCER_LEARN_TIMEOUT", cls.learn_timeout),

@@ -151,7 +151,7 @@ def api_route(entry: dict[str, Any], handler: Handler, emulator: Emulator) -> Ro
         seen: dict[str, Any] = {"params": params, "payload": {}}
         try:
             for key, value in params.items():
-                if key in PARAM_PATTERNS and not re.match(PARAM_PATTERNS[key], value):
+                if key in PARAM_PATTERNS and not re.fullmatch(PARAM_PATTERNS[key], value):
                     raise QueueError(
                         "InvalidRequestArguments", f"Invalid URL parameter {key}: {value!r}"
                     )

@@ -16,6 +16,7 @@ from coalescer import schemas
 from coalescer.errors import InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.model import (
+    MAX_ROUTES,
     STATE_RANKS,
     TERMINAL_RUN,
     TaskEvent,
@@ -89,6 +90,11 @@ def to_event(message: Message, *, prefix: str, rank_tag: str | None = None) -> T
     if message.exchange not in TASK_EXCHANGES and message.exchange in queue_exchanges():
         return None
     state = exchange_state(message.exchange)
+    if len(message.routes) > MAX_ROUTES:
+        raise InvalidEvent(
+            f"the message names {len(message.routes)} routes; a queue message carries at most "
+            f"{MAX_ROUTES} (one CC route.<route> per task route, task.routes maxItems)"
+        )
     keys = keys_from_routes(message.routes, prefix)
     if not keys:
         return None

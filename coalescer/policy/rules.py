@@ -238,7 +238,7 @@ def _patterns(raw: Any, where: str) -> tuple[str, ...]:
     if not isinstance(items, list) or not items:
         raise ConfigError(f"{where}: 'keys' must be a glob or a non-empty list of globs")
     for p in items:
-        if not isinstance(p, str) or not _PATTERN_RE.match(p):
+        if not isinstance(p, str) or not _PATTERN_RE.fullmatch(p):
             raise ConfigError(f"{where}: key pattern {p!r} may hold key characters and * ** ? only")
     return tuple(items)
 
@@ -260,7 +260,7 @@ def _duration(raw: Any, field: str, where: str) -> int | None:
     if isinstance(raw, int | float):
         seconds = float(raw)
     else:
-        found = _DURATION_RE.match(str(raw).strip())
+        found = _DURATION_RE.fullmatch(str(raw).strip())
         if not found:
             raise ConfigError(
                 f"{where}: '{field}' is {raw!r}; expected a duration like 90, 90s, 10m or 2h"

@@ -2,6 +2,11 @@
 
 The schemas use `$id`s like ``/schemas/queue/v1/task.json#`` and relative `$ref`s, so they are
 loaded into one :mod:`referencing` registry keyed by those ids; nothing is fetched.
+
+A ``pattern`` is an ECMA 262 regular expression, whose ``$`` (without the multiline flag)
+matches only at the very end: the queue refuses a taskId with a trailing newline. Python's
+``$`` also matches before a final newline, so the patterns are read with ``\\Z`` for ``$``, as
+``fastjsonschema`` reads them too.
 """
 
 from __future__ import annotations
@@ -9,15 +14,31 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
 import jsonschema
+from jsonschema import ValidationError
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 _ROOT = resources.files(__name__)
+_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+@functools.lru_cache(maxsize=256)
+def _ecma(pattern: str) -> re.Pattern[str]:
+    return re.compile(_DOLLAR.sub(r"\\Z", pattern))
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not _ecma(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Validator = jsonschema.validators.extend(jsonschema.Draft7Validator, {"pattern": _pattern})
 
 
 @functools.cache
@@ -45,15 +66,13 @@ def _fill_properties(
 
 
 _PROPERTIES = jsonschema.Draft7Validator.VALIDATORS["properties"]
-_FillingValidator = jsonschema.validators.extend(
-    jsonschema.Draft7Validator, {"properties": _fill_properties}
-)
+_FillingValidator = jsonschema.validators.extend(_Validator, {"properties": _fill_properties})
 
 
 @functools.cache
 def validator(
     name: str, *, legacy: bool = False, fill_defaults: bool = False
-) -> jsonschema.Draft7Validator:
+) -> jsonschema.protocols.Validator:
     """A validator for ``queue/v1/<name>.json`` (``legacy`` takes the v39 copy when there is one;
     ``fill_defaults`` makes it fill in defaults, see :func:`errors`)."""
     folder = (
@@ -63,8 +82,8 @@ def validator(
     )
     doc = json.loads(_ROOT.joinpath(folder, f"{name}.json").read_text())
     doc = {k: v for k, v in doc.items() if k != "$schema"}
-    cls = _FillingValidator if fill_defaults else jsonschema.Draft7Validator
-    validating: jsonschema.Draft7Validator = cls(
+    cls = _FillingValidator if fill_defaults else _Validator
+    validating: jsonschema.protocols.Validator = cls(
         doc, registry=registry(), format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER
     )
     return validating

@@ -21,7 +21,7 @@ from coalescer.errors import InvalidInput
 from coalescer.health import Health
 from coalescer.store import Store
 from coalescer.web import pages
-from coalescer.web.responses import JSON, wants_html
+from coalescer.web.responses import JSON, NOSNIFF, wants_html
 from coalescer.web.tracing import RequestId
 
 STARTED = time.time()
@@ -114,6 +114,7 @@ async def send_json(send: Send, body: bytes) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                NOSNIFF,
             ],
         }
     )

@@ -102,7 +102,11 @@ async def _crash(request: Request, exc: Exception) -> Response:
 async def _metrics(request: Request) -> Response:
     body = await exposition(request.app.state.store, request.app.state.health)
     body += await lineage.exposition(request)
-    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(
+        body,
+        media_type="text/plain; version=0.0.4; charset=utf-8",
+        headers={"x-content-type-options": "nosniff"},
+    )
 
 
 class App(Starlette):

@@ -14,7 +14,7 @@ import hmac
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from coalescer.errors import (
@@ -30,6 +30,8 @@ from coalescer.observe import STORE_ERRORS
 from coalescer.web.responses import JSON, error
 
 MAX_MESSAGES = 1000
+#: nginx's "client closed request": logged as such, not an error of the service.
+CLIENT_CLOSED = 499
 
 
 def check_token(request: Request) -> None:
@@ -98,6 +100,9 @@ async def post_events(request: Request) -> Response:
         body = await read_body(request, settings.max_body_bytes)
     except _TooLarge as exc:
         return error(413, f"request body larger than {exc.limit} bytes")
+    except ClientDisconnect:
+        # The client went away mid-body: nothing is applied, and nobody reads an answer.
+        return Response(status_code=CLIENT_CLOSED)
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -36,7 +36,7 @@ def request_id(scope: Scope) -> str:
     if isinstance(chosen, str):
         return chosen
     for name, value in scope.get("headers", ()):
-        if name == HEADER and _ID_RE.match(value):
+        if name == HEADER and _ID_RE.fullmatch(value):
             return str(value.decode("ascii"))
     return uuid.uuid4().hex
 

@@ -90,10 +90,10 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     tc = taskcluster.optionsFromEnvironment()
     if not tc.get("rootUrl"):
         raise ConfigError("TASKCLUSTER_ROOT_URL is not set")
-    if not re.match(r"^[^/]+/[^/]+$", args.task_queue_id):
+    if not re.fullmatch(r"[^/]+/[^/]+", args.task_queue_id):
         raise ConfigError(f"--task-queue-id {args.task_queue_id!r} is not <provisioner>/<type>")
     for name in ("worker_group", "worker_id"):
-        if not _ID_RE.match(getattr(args, name)):
+        if not _ID_RE.fullmatch(getattr(args, name)):
             raise ConfigError(f"--{name.replace('_', '-')} must be 1-38 of [a-zA-Z0-9-_]")
     if args.capacity < 1 or args.max_supersede < 1 or args.claim_concurrency < 1:
         raise ConfigError("--capacity, --max-supersede and --claim-concurrency must be >= 1")

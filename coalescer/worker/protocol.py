@@ -1,8 +1,8 @@
 """The superseding protocol's decisions, as pure functions on plain data. No IO here.
 
 What a worker decides, in order: whether to follow a task's ``supersederUrl`` at all
-(:func:`superseder_url`, :func:`url_allowed`), whether the answer is usable
-(:func:`parse_answer`), which listed tasks it may claim (:func:`ineligibility`,
+(:func:`superseder_url`; :mod:`coalescer.worker.allow` holds the allow-list), whether the
+answer is usable (:func:`parse_answer`), which listed tasks it may claim (:func:`ineligibility`,
 :func:`claimable_run`), which held task runs (:func:`choose_primary`), what happens to the
 others (:func:`secondary_fate`), and what the artifacts say (:func:`superseded_by_json`,
 :func:`supersedes_json`). Every refusal carries a reason that the worker logs.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -26,8 +25,6 @@ SUPERSEDED_BY = "public/superseded-by.json"
 SUPERSEDES = "public/supersedes.json"
 #: Environment variable naming the JSON file that shows a command what it supersedes.
 SUPERSEDES_FILE_ENV = "COALESCER_SUPERSEDES_FILE"
-#: docker-worker's pattern for ``supersederUrl`` (printable ASCII, http or https).
-_URL_RE = re.compile(r"^https?://[\x21-\x7e]*$")
 
 
 class SupersederError(CoalescerError):
@@ -126,28 +123,6 @@ def superseder_url(task: Mapping[str, Any]) -> str:
     if not isinstance(url, str):
         raise SupersederError("no-url", "the task's supersederUrl is not a string")
     return url
-
-
-def url_allowed(url: str, prefixes: Sequence[str]) -> bool:
-    """True when ``url`` is an http(s) URL under one of ``prefixes``.
-
-    A prefix matches at a boundary only (``https://h/a`` allows ``https://h/a/k`` but not
-    ``https://h/ab`` nor ``https://h/a@evil``), and ``.``/``..`` path segments are refused so
-    a URL cannot climb out of the allowed path.
-    """
-    if not _URL_RE.match(url):
-        return False
-    path = url.split("?", 1)[0].split("#", 1)[0]
-    segments = path.split("/")[3:]
-    if any(s.lower() in (".", "..", "%2e", "%2e%2e", ".%2e", "%2e.") for s in segments):
-        return False
-    for prefix in prefixes:
-        if not prefix or not url.startswith(prefix):
-            continue
-        rest = url[len(prefix) :]
-        if prefix.endswith(("/", "?", "&")) or not rest or rest[0] in "/?#":
-            return True
-    return False
 
 
 def query_url(url: str, task_id: str) -> str:

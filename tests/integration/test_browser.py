@@ -57,8 +57,14 @@ async def test_the_pages_in_a_browser_while_events_flow(tmp_path: Path) -> None:
             )
             page = await context.new_page()
 
+            blocked: list[str] = []
+            page.on(
+                "console", lambda m: blocked.append(m.text) if "Security Policy" in m.text else None
+            )
             await page.goto(demo.service + "/")
             await expect(page).to_have_title("coalescer · keys")
+            # The stylesheet is applied: the Content-Security-Policy allows it by its hash.
+            await expect(page.locator("header")).to_have_css("background-color", "rgb(29, 35, 48)")
             rows = page.locator("tbody tr")
             await expect(rows).to_have_count(3)
             for key in ("linux64-tests", "windows11-tests", "macos-build"):
@@ -87,6 +93,7 @@ async def test_the_pages_in_a_browser_while_events_flow(tmp_path: Path) -> None:
             await expect(page.locator(".verdict")).to_contain_text("Superseded")
             await shot(page, tmp_path, "superseded-task")
             await browser.close()
+            assert blocked == []
     finally:
         await demo.stop()
     for name in ("overview", "key", "task", "superseded-task"):

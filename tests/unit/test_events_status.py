@@ -124,3 +124,21 @@ def test_the_queue_is_bounded_and_refuses_rather_than_drops() -> None:
         "x-overflow": "reject-publish",
         "x-dead-letter-exchange": "exchange/u/c/dead",
     }
+
+
+def test_a_message_with_more_routes_than_a_task_can_have_is_invalid() -> None:
+    # task.json caps task.routes at 64; the queue CCs each one as route.<route>.
+    many = tuple(f"coalesce.v1.k{i}" for i in range(64))
+    event = to_event(Message.from_json(make_message(TASK, routes=many)), prefix="coalesce.v1")
+    assert event is not None and len(event.keys) == 64
+    flood = Message.from_json(make_message(TASK, routes=(*many, "coalesce.v1.one-more")))
+    with pytest.raises(InvalidEvent, match="65 routes; a queue message carries at most 64"):
+        to_event(flood, prefix="coalesce.v1")
+
+
+def test_a_task_id_with_a_trailing_newline_is_invalid() -> None:
+    # The schema's pattern ends in "$", which Python's re also matches before a final newline.
+    message = make_message(TASK)
+    message["payload"]["status"]["taskId"] = TASK + "\n"
+    with pytest.raises(InvalidEvent, match=r"status/taskId: .* does not match"):
+        to_event(Message.from_json(message), prefix="coalesce.v1")

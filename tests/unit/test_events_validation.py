@@ -72,3 +72,17 @@ def test_valid_messages_pass_the_fast_check_itself() -> None:
         check = validation._compiled(name)
         assert check is not None
         check(make_message("fN1SbArXTPSVFNUvaOlinQ", state)["payload"])
+
+
+def test_patterns_match_whole_values_as_the_queue_reads_them() -> None:
+    # ECMA 262's "$" ends the string; Python's would also match before a final newline.
+    payload = copy.deepcopy(make_message("fN1SbArXTPSVFNUvaOlinQ", "pending")["payload"])
+    payload["status"]["taskId"] += "\n"
+    payload["status"]["workerType"] = "linux\n"
+    found = schemas.errors("task-pending-message", payload)
+    assert len(found) == 2 and all("does not match" in e for e in found), found
+    assert validation.errors("task-pending-message", payload) == found
+    assert (
+        schemas.errors("task-pending-message", make_message("fN1SbArXTPSVFNUvaOlinQ")["payload"])
+        == []
+    )

@@ -19,7 +19,16 @@ def test_keys_come_from_prefixed_routes_in_either_form() -> None:
 
 
 def test_keys_skip_routes_with_characters_a_key_cannot_have() -> None:
-    assert model.keys_from_routes(["coalesce.v1.a{b}", "coalesce.v1."], "coalesce.v1") == ()
+    routes = ["coalesce.v1.a{b}", "coalesce.v1.", "coalesce.v1.a\n", "route.coalesce.v1.b\n"]
+    assert model.keys_from_routes(routes, "coalesce.v1") == ()
+
+
+@pytest.mark.timeout(10)
+def test_keys_from_many_distinct_routes_take_linear_time() -> None:
+    # 100,000 distinct keys: a quadratic de-duplication takes minutes, a linear one a moment.
+    routes = [f"route.coalesce.v1.k{i}" for i in range(100_000)]
+    keys = model.keys_from_routes(routes + routes, "coalesce.v1")
+    assert keys == tuple(f"k{i}" for i in range(100_000))
 
 
 @pytest.mark.parametrize(
@@ -29,13 +38,17 @@ def test_a_url_path_names_a_dotted_key(path: str, key: str) -> None:
     assert model.key_from_path(path) == key
 
 
-@pytest.mark.parametrize("bad", ["", "a..b", "a b", "a/<script>", "x" * 201, "a.{b}"])
+@pytest.mark.parametrize(
+    "bad", ["", "a..b", "a b", "a/<script>", "x" * 201, "a.{b}", "a\n", "a.b\n"]
+)
 def test_malformed_keys_are_refused_with_a_reason(bad: str) -> None:
     with pytest.raises(InvalidInput):
         model.check_key(bad)
 
 
-@pytest.mark.parametrize("bad", ["abc", "fN1SbArXTPSVFNUvaOlinQ!", "fN1SbArXTPSVFNUvaOlin"])
+@pytest.mark.parametrize(
+    "bad", ["abc", "fN1SbArXTPSVFNUvaOlinQ!", "fN1SbArXTPSVFNUvaOlin", "fN1SbArXTPSVFNUvaOlinQ\n"]
+)
 def test_malformed_task_ids_are_refused(bad: str) -> None:
     with pytest.raises(InvalidInput, match="malformed taskId"):
         model.check_task_id(bad)

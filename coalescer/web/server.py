@@ -1,0 +1,105 @@
+"""How ``coalescer serve`` runs uvicorn: its fast HTTP parser, with a limit on request heads.
+
+uvicorn's httptools protocol (llhttp) buffers a request line and headers of any size before it
+hands them over, so one client sending a 100 MB header holds the process, and every query it
+serves, for seconds. :class:`HeadLimitedProtocol` counts the bytes of each request's head as
+they arrive and, past ``COALESCER_MAX_HEADER_BYTES``, answers ``431 Request Header Fields Too
+Large`` and closes the connection without reading further. The limit is passed as uvicorn's
+``h11_max_incomplete_event_size``, which h11 enforces the same way (with a 400).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from coalescer.observe import HTTP_ERRORS
+
+log = logging.getLogger("coalescer.web")
+
+_TOO_LARGE = 431
+
+
+class HeadLimitedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, refusing a request whose head (request line and headers)
+    is larger than ``config.h11_max_incomplete_event_size`` bytes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limit = self.config.h11_max_incomplete_event_size
+        assert limit is not None, "run uvicorn with h11_max_incomplete_event_size set"
+        self._limit: int = limit
+        self._in_head = True  # between requests, or reading one's head
+        self._head_bytes = 0  # counted while in a head; body bytes are not
+        self._heads_done = 0
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._heads_done += 1
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes = True, 0
+        super().on_message_complete()
+
+    def data_received(self, data: bytes) -> None:
+        # Bytes that arrive after a body are counted from the next read on (pipelining): at
+        # most one read's worth of a head goes uncounted.
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self._limit:
+                self._over_limit(data)
+                return
+        super().data_received(data)
+
+    def _over_limit(self, data: bytes) -> None:
+        """Refuse, unless the head ends within what fits and the rest is a body."""
+        if self.transport.is_closing():  # refused already: read nothing more
+            return
+        room = max(0, self._limit - (self._head_bytes - len(data)))
+        done = self._heads_done
+        super().data_received(data[:room])
+        if self.transport.is_closing():
+            return
+        if self._heads_done == done:
+            self._refuse()
+        else:
+            super().data_received(data[room:])
+
+    def _refuse(self) -> None:
+        message = f"request head larger than {self._limit} bytes\n".encode()
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: text/plain; charset=utf-8\r\n"
+            b"content-length: " + str(len(message)).encode() + b"\r\n"
+            b"connection: close\r\n\r\n" + message
+        )
+        self.transport.close()
+        HTTP_ERRORS.labels(str(_TOO_LARGE)).inc()
+        log.info(
+            "refused a request head larger than %d bytes from %s",
+            self._limit,
+            self.client[0] if self.client else "?",
+            extra={"status": _TOO_LARGE},
+        )
+
+
+def serve(app: ASGIApp, *, host: str, port: int, max_header_bytes: int) -> None:
+    """Serve ``app`` until interrupted."""
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        http=HeadLimitedProtocol,
+        h11_max_incomplete_event_size=max_header_bytes,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=True,
+        lifespan="on",
+        log_config=None,  # keep coalescer's JSON logging for uvicorn's own lines too
+    )

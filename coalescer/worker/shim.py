@@ -32,6 +32,7 @@ from coalescer.worker.protocol import (
     SUPERSEDES,
     Options,
     Outcome,
+    Resolution,
     SupersederError,
     choose_primary,
     secondary_fate,
@@ -84,6 +85,8 @@ class Report:
     released: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     #: Secondaries whose claim was lost, or whose resolution failed: forgotten.
     dropped: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    #: How each secondary the primary was to supersede was ended, and why.
+    resolutions: dict[tuple[str, int], Resolution] = dataclasses.field(default_factory=dict)
     alone: str | None = None
     #: ``canceled`` when the primary's claim was lost, ``shutdown`` when stopped,
     #: ``duplicate`` when another task set of this worker already held the claimed run.
@@ -270,13 +273,17 @@ class Shim:
         if secondary_fate(outcome, self.options.on_primary_failure) == "supersede":
             bound = asyncio.Semaphore(max(1, self.options.claim_concurrency))
 
-            async def one(claim: Claim) -> bool:
+            async def one(claim: Claim) -> Resolution | None:
                 async with bound:
                     return await self.resolver.supersede(claim, primary)
 
             results = await asyncio.gather(*(one(c) for c in live))
-            for claim, ok in zip(live, results, strict=True):
-                (report.superseded if ok else report.dropped).append(_ref(claim))
+            for claim, done in zip(live, results, strict=True):
+                if done is None:
+                    report.dropped.append(_ref(claim))
+                    continue
+                report.resolutions[_ref(claim)] = done
+                (report.superseded if done.superseded else report.released).append(_ref(claim))
         else:
             await self._release_into(report, live)
         artifacts = [(SUPERSEDES, supersedes_json(report.superseded))] if report.superseded else []

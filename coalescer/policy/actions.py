@@ -126,7 +126,11 @@ class Actions:
     # -- actions ----------------------------------------------------------------------------
     async def supersede(self, entry: Entry) -> Result:
         """Resolve a victim superseded by ``entry.primary``: claim it, cancel its dependents
-        (cascade), upload ``public/superseded-by.json``, resolve it."""
+        (cascade), resolve it and upload ``public/superseded-by.json``. A victim that could
+        only be released is left alone (``spared``): released, it would be decided again."""
+        why = await self.superseding.would_release(entry.victim)
+        if why is not None:
+            return Result("spared", resolution=Resolution("spared", f"left to run: {why}"))
         got = await self._claim(entry.victim)
         if not isinstance(got, Claim):
             if got is not None and got["state"] == "running":

@@ -28,8 +28,8 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 * ``co:{K}:m`` hash    ``<rule>|<state>`` counters and ``<rule>|saved_ms``;
 * ``co:{K}:rd`` list   recent run durations (ms), to estimate the worker time saved;
 * ``co:{K}:df`` hash   victim taskId → its task definition (JSON), for the primary's handoff;
-* ``co:{K}:vn`` hash   victim taskId → ``how|why``: how its run was ended (``completed``,
-  ``exception/superseded``, ``canceled``, ``released``) and why;
+* ``co:{K}:vn`` hash   victim taskId → ``run|how|why``: how the enforcer ended that run
+  (``completed``, ``exception/superseded``, ``canceled``, ``released``) and why;
 * ``co:{K}:lease``     string: the enforcer working on the key, with a TTL.
 
 Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash) and

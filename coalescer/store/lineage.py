@@ -41,8 +41,10 @@ class Decision:
 
 
 def parse_decision(key: str, task_id: str, record: str, note: str = "") -> Decision:
+    """A ``v`` record, with its ``vn`` note (``run|how|why``) when that is about the same run."""
     run, by, by_run, at, rule, state, action, reason = record.split("|", 7)
-    how, _, why = note.partition("|")
+    note_run, _, rest = note.partition("|")
+    how, _, why = rest.partition("|") if note_run == run else ("", "", "")
     return Decision(
         key, task_id, int(run), by, int(by_run), int(at), rule, state, action, reason, how, why
     )

@@ -121,14 +121,7 @@ class Superseding:
             await self._worker_queue.cancelTask(claim.task_id)
             await self._link_after(claim, body)
             return Resolution("canceled", "--resolve-superseded-as canceled")
-        try:
-            found = await dependents(self._worker_queue, claim.task_id)
-            waiting: int | None = sum(1 for d in found if d["status"]["state"] not in _RESOLVED)
-        except TaskclusterFailure as exc:
-            if http_status(exc) == 409:
-                raise
-            log.warning("could not list the dependents of %s: %s", claim.task_id, exc)
-            waiting = None
+        waiting = await self._waiting(claim.task_id)
         how = fallback(waiting, self._may_cancel)
         if how.how == "completed":
             return await self._complete(claim, body, how.why)
@@ -145,6 +138,28 @@ class Superseding:
                 await self._link_after(claim, body)
                 return how
         return await self._release(claim, how)
+
+    async def would_release(self, task_id: str) -> str | None:
+        """Why superseding ``task_id`` could, as far as is known, only release it (None: it
+        could be superseded). Such a task is better not claimed at all: each release costs it a
+        retry, and it would be listed, claimed and released again until none is left."""
+        if self.accepts_superseded is not False:
+            return None
+        if self.mode is SupersedeAs.EXCEPTION_SUPERSEDED:
+            return "the queue rejects reason 'superseded'"
+        if self.mode is SupersedeAs.AUTO and not self._may_cancel:
+            waiting = await self._waiting(task_id)
+            return None if waiting == 0 else fallback(waiting, may_cancel=False).why
+        return None
+
+    async def _waiting(self, task_id: str) -> int | None:
+        """How many dependents of ``task_id`` are unresolved; None when they cannot be listed."""
+        try:
+            found = await dependents(self._worker_queue, task_id)
+        except TaskclusterFailure as exc:
+            log.warning("could not list the dependents of %s: %s", task_id, exc)
+            return None
+        return sum(1 for d in found if d["status"]["state"] not in _RESOLVED)
 
     async def _report_superseded(self, claim: Claim) -> bool:
         """``reportException(superseded)``; False when the queue rejects the reason (400)."""

@@ -162,6 +162,11 @@ class Shim:
             except Exception as exc:  # whatever it is, superseding must not block the task
                 log.exception("running %r alone: asking the superseder broke", initial)
                 return TaskSet(initial, [initial.task_id], held, f"error: {exc!r}")
+            spare = self.resolver.superseding.would_release
+            if (why := await spare(initial.task_id)) is not None:
+                # As a secondary it could only be released: claim nothing newer, so that it runs.
+                log.info("%r supersedes no newer task: %s", initial, why)
+                listed = listed[: listed.index(initial.task_id) + 1]
             await claim_listed(
                 self.queue,
                 self.conn,
@@ -173,6 +178,7 @@ class Shim:
                 worker_group=self.worker_group,
                 worker_id=self.worker_id,
                 clock=self.clock,
+                spare=spare,
             )
         except BaseException:
             # Cancelled (or broken) halfway: whatever was claimed goes back to the queue.

@@ -6,6 +6,7 @@ import pytest
 
 from coalescer.policy.rules import Policy
 from tests.policy.support import Loop, rule
+from tests.worker.support import NoCancelScope
 
 pytestmark = pytest.mark.integration
 
@@ -86,3 +87,31 @@ async def test_on_a_current_queue_a_victim_with_dependents_is_canceled_not_compl
     }
     assert completed["resolution"] == {"as": "completed", "why": "no dependent waits for it"}
     assert "1 dependent waits for it" in page
+
+
+@pytest.mark.parametrize("legacy", [False])
+@pytest.mark.parametrize("cascade", ["leave"])
+async def test_without_the_cancel_scope_a_victim_with_dependents_is_released_once_then_spared(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = loop.em.aio_queue
+    monkeypatch.setattr(loop.em, "aio_queue", lambda **kw: NoCancelScope(client(**kw)))
+    old = loop.create()
+    child = loop.em.create_task(dependencies=[old], routes=[])
+    loop.create()
+    await loop.feed()
+    await loop.enforce()
+    # Released once (the enforcer learns it may not cancel), then left to run itself rather
+    # than claimed and released again, a retry each time.
+    runs = loop.status(old)["runs"]
+    assert [(r["state"], r.get("reasonResolved")) for r in runs] == [
+        ("exception", "worker-shutdown"),
+        ("pending", None),
+    ]
+    assert loop.artifact(old, 0, "public/superseded-by.json") is None
+    assert loop.status(child)["state"] == "unscheduled"
+    async with loop.service() as http:
+        by = (await http.get(f"/v1/tasks/{old}")).json()["supersededBy"]
+    assert by["state"] == "spared" and by["victimRunId"] == 1
+    assert by["resolution"]["as"] == "spared"
+    assert "may not cancel" in by["resolution"]["why"]

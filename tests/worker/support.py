@@ -16,7 +16,7 @@ import orjson
 import uvicorn
 from starlette.requests import Request
 from starlette.responses import Response
-from taskcluster.exceptions import TaskclusterFailure
+from taskcluster.exceptions import TaskclusterFailure, TaskclusterRestFailure
 
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.worker import Options, Shim
@@ -135,6 +135,22 @@ async def claim_work(shim: Shim, count: int = 1) -> list[dict[str, Any]]:
         QUEUE, {"tasks": count, "workerGroup": shim.worker_group, "workerId": shim.worker_id}
     )
     return list(answer["tasks"])
+
+
+class NoCancelScope:
+    """A queue client as with credentials that lack ``queue:cancel-task:...``: its
+    ``cancelTask`` answers 403 (the emulator does not check scopes); the rest is the client's."""
+
+    def __init__(self, queue: Any) -> None:
+        self._queue = queue
+        self.refused: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._queue, name)
+
+    async def cancelTask(self, task_id: str) -> None:
+        self.refused.append(task_id)
+        raise TaskclusterRestFailure("InsufficientScopes", None, status_code=403)
 
 
 @dataclasses.dataclass

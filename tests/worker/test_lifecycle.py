@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
-from taskcluster.exceptions import TaskclusterAuthFailure, TaskclusterRestFailure
+from taskcluster.exceptions import TaskclusterAuthFailure
 
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.model import parse_time_ms
@@ -24,7 +23,7 @@ from coalescer.worker import (
     Superseded,
 )
 from coalescer.worker.protocol import COMPLETED, FAILED
-from tests.worker.support import Superseder, Tasks, claim_work, make_shim, poll
+from tests.worker.support import NoCancelScope, Superseder, Tasks, claim_work, make_shim, poll
 
 CLAIM_TIMEOUT = 1200  # the emulator's (and the real queue's) seconds per claim
 
@@ -307,22 +306,6 @@ async def test_legacy_queue_accepts_superseded_in_auto_mode(
     assert tasks.last_run(old)["reasonResolved"] == "superseded"
 
 
-class _NoCancelScope:
-    """The worker's queue client, as with credentials that lack ``queue:cancel-task:...``
-    (the emulator does not check scopes)."""
-
-    def __init__(self, queue: Any) -> None:
-        self._queue = queue
-        self.refused: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._queue, name)
-
-    async def cancelTask(self, task_id: str) -> None:
-        self.refused.append(task_id)
-        raise TaskclusterRestFailure("InsufficientScopes", None, status_code=403)
-
-
 @pytest.mark.parametrize("legacy", [False])
 async def test_auto_releases_a_task_with_dependents_it_may_not_cancel(
     queue_emulator: QueueEmulator, options: Options, tasks: Tasks, superseder: Superseder
@@ -332,17 +315,31 @@ async def test_auto_releases_a_task_with_dependents_it_may_not_cancel(
         tasks.create(url="", dependencies=[parent], routes=[])
     superseder.lists["k"] = [older, old, new]
     async with make_shim(queue_emulator, options) as shim:
-        worker_queue = _NoCancelScope(shim.queue)
+        worker_queue = NoCancelScope(shim.queue)
         shim.resolver.superseding._worker_queue = worker_queue
         execute = Held()
         execute.release.set()
         report = await (await start(shim, execute))
 
-    assert sorted(report.released) == sorted([(old, 0), (older, 0)])
-    assert report.superseded == report.dropped == []
-    assert worker_queue.refused  # asked once at least, then remembered
-    for task_id in (old, older):
-        assert "may not cancel" in report.resolutions[(task_id, 0)].why
-        assert tasks.status(task_id)["runs"][0]["reasonResolved"] == "worker-shutdown"
-        assert tasks.status(task_id)["runs"][1]["state"] == "pending"  # it runs itself
-        assert tasks.artifact(task_id, 0, "public/superseded-by.json") is None
+        assert sorted(report.released) == sorted([(old, 0), (older, 0)])
+        assert report.superseded == report.dropped == []
+        assert worker_queue.refused  # asked once at least, then remembered
+        for task_id in (old, older):
+            assert "may not cancel" in report.resolutions[(task_id, 0)].why
+            assert tasks.status(task_id)["runs"][0]["reasonResolved"] == "worker-shutdown"
+            assert tasks.status(task_id)["runs"][1]["state"] == "pending"  # it runs itself
+            assert tasks.artifact(task_id, 0, "public/superseded-by.json") is None
+
+        # Known now: such tasks could only be released again, each time costing a retry. The
+        # next worker runs its task itself and claims neither the other nor anything newer.
+        newest = tasks.create()
+        superseder.lists["k"] = [older, old, newest]
+        again = Held()
+        again.release.set()
+        report = await (await start(shim, again))
+    initial, _ = report.primary
+    other = old if initial == older else older
+    assert report.primary == (initial, 1) and report.outcome == COMPLETED
+    assert report.superseded == report.released == []
+    assert [r["state"] for r in tasks.status(other)["runs"]] == ["exception", "pending"]
+    assert [r["state"] for r in tasks.status(newest)["runs"]] == ["pending"]

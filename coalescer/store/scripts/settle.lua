@@ -2,7 +2,8 @@
 -- KEYS: v vp vx o h m rd df vn  (see keys.py; all under the key's hash tag)
 -- ARGV: entry_id|'' group victim expected_states new_state now_ms due_ms rule saved_kind
 --       started_ms definition|'' cascaded_ids resolution|''
--- `resolution` is `how|why`: how the victim's run was ended, and why (kept in `vn`).
+-- `resolution` is `how|why`: how the victim's run was ended, and why (kept in `vn` as
+-- `run|how|why`, so that a later decision about a newer run does not show it).
 -- `expected_states` is a comma-separated list: the victim's state changes only from one of
 -- them (compare-and-set, so a late or repeated report cannot undo a newer decision).
 -- `due_ms` is when a held victim's claim must next be renewed. `saved_kind` ('pending',
@@ -61,11 +62,11 @@ if rec then
   if definition ~= '' then
     redis.call('HSET', df, id, definition)
   end
+  local run = head and string.match(head, '^([-%d]+)|') or -1
   if resolution ~= '' then
-    redis.call('HSET', vn, id, resolution)
+    redis.call('HSET', vn, id, run .. '|' .. resolution)
   end
   local keep = redis.call('ZSCORE', vx, id)
-  local run = head and string.match(head, '^([-%d]+)|') or -1
   for dep in string.gmatch(cascaded, '[^,]+') do
     if redis.call('HEXISTS', v, dep) == 0 then
       redis.call('HSET', v, dep, table.concat(

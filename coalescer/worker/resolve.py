@@ -156,7 +156,7 @@ class Superseding:
         """How many dependents of ``task_id`` are unresolved; None when they cannot be listed."""
         try:
             found = await dependents(self._worker_queue, task_id)
-        except TaskclusterFailure as exc:
+        except Exception as exc:  # unknown, which the caller handles; never blocks the task
             log.warning("could not list the dependents of %s: %s", task_id, exc)
             return None
         return sum(1 for d in found if d["status"]["state"] not in _RESOLVED)

@@ -25,6 +25,7 @@ from coalescer.store.policy import Entry
 from coalescer.worker.claims import Claim, Clock, Connection, http_status, utcnow
 from coalescer.worker.protocol import (
     RELEASED,
+    SPARED,
     SUPERSEDED_BY,
     Resolution,
     SupersedeAs,
@@ -130,7 +131,7 @@ class Actions:
         only be released is left alone (``spared``): released, it would be decided again."""
         why = await self.superseding.would_release(entry.victim)
         if why is not None:
-            return Result("spared", resolution=Resolution("spared", f"left to run: {why}"))
+            return Result(SPARED, resolution=Resolution(SPARED, f"left to run: {why}"))
         got = await self._claim(entry.victim)
         if not isinstance(got, Claim):
             if got is not None and got["state"] == "running":

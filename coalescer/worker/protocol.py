@@ -75,18 +75,19 @@ class SupersedeAs(enum.StrEnum):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Resolution:
     """How a superseded run was ended (``how``: ``exception/superseded``, ``completed``,
-    ``canceled`` or ``released``), and why."""
+    ``canceled``, ``released``; or ``spared``: left alone), and why."""
 
     how: str
     why: str
 
     @property
     def superseded(self) -> bool:
-        """Whether the run ended superseded (a released run is retried and runs itself)."""
-        return self.how != RELEASED
+        """Whether the run ended superseded (a released or spared task runs itself)."""
+        return self.how not in (RELEASED, SPARED)
 
 
 RELEASED = "released"
+SPARED = "spared"
 
 
 def fallback(waiting: int | None, may_cancel: bool) -> Resolution:

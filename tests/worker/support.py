@@ -165,6 +165,15 @@ class DockerWorkerRules:
     worker_group: str = "dw"
     worker_id: str = "docker-worker"
 
+    async def claim_work(self) -> dict[str, Any]:
+        """One task from ``claimWork`` on the test queue."""
+        me = {"workerGroup": self.worker_group, "workerId": self.worker_id}
+        answer = await self.emulator.aio_queue(WORKER_CREDENTIALS).claimWork(
+            QUEUE, {"tasks": 1, **me}
+        )
+        [claim] = answer["tasks"]
+        return dict(claim)
+
     async def run(self, claim: dict[str, Any]) -> tuple[str, list[str]]:
         claims = await self._superseding(claim)
         async with httpx.AsyncClient() as http:

@@ -93,16 +93,7 @@ async def test_an_unmodified_docker_worker_runs_the_newest_task(
     url = f"{service}/v1/docker-worker/build.linux"
     ids = [tasks.create("build.linux", url=url) for _ in range(5)]
     docker_worker = DockerWorkerRules(queue_emulator)
-    [claim] = (
-        await queue_emulator.aio_queue().claimWork(
-            "emulator-test/worker",
-            {
-                "tasks": 1,
-                "workerGroup": docker_worker.worker_group,
-                "workerId": docker_worker.worker_id,
-            },
-        )
-    )["tasks"]
+    claim = await docker_worker.claim_work()
     assert claim["status"]["taskId"] == ids[0]
     # The service has seen the claimed task start: it is running, no longer pending.
     queue_emulator.wait_for_message("task-running", ids[0])

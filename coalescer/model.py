@@ -143,13 +143,15 @@ class KeySnapshot:
 
     ``newest``: the newest pending taskIds (up to the cap), newest first. ``newer``: how many
     pending tasks other than the initial one come after it in the key's order; ``None`` when
-    the index does not know the initial task.
+    the index does not know the initial task. ``initial_resolved``: the initial task's newest
+    known run is resolved.
     """
 
     pending: int
     oldest_since_ms: int | None
     newest: list[str]
     newer: int | None = None
+    initial_resolved: bool = False
 
 
 def supersedes(
@@ -176,6 +178,31 @@ def supersedes(
     others = [t for t in snap.newest if t != initial][: cap - 1]
     newer, older = others[: snap.newer], others[snap.newer :]
     return [*reversed(older), initial, *reversed(newer)], "ok"
+
+
+def docker_worker_list(
+    initial: str,
+    snap: KeySnapshot,
+    *,
+    now_ms: int,
+    age: int | None = None,
+    size: int | None = None,
+    cap: int = 32,
+) -> tuple[list[str], str]:
+    """The answer for an unmodified docker-worker, *newest first*, and why it has that shape.
+
+    docker-worker runs the first task of the list it claimed, and runs alone unless its own
+    task is listed: so this is :func:`supersedes` reversed, the initial task included whether
+    it is pending or running. When the index holds the initial task's newest known run as
+    resolved (``resolved``), the answer is the initial task alone: either the index has not seen
+    the run the worker holds (a retry), or the queue resolved the task under the worker (e.g.
+    canceled); neither makes it safe to let that claim supersede others.
+    """
+    if snap.initial_resolved:
+        return [initial], "resolved"
+    answer, reason = supersedes(initial, snap, now_ms=now_ms, age=age, size=size, cap=cap)
+    answer.reverse()
+    return answer, reason
 
 
 def compat_list(snap: KeySnapshot, *, now_ms: int, age: int, size: int) -> list[str]:

@@ -23,14 +23,23 @@ from taskcluster.exceptions import TaskclusterFailure
 from coalescer.model import parse_time_ms
 from coalescer.store.policy import Entry
 from coalescer.worker.claims import Claim, Clock, Connection, http_status, utcnow
-from coalescer.worker.protocol import SUPERSEDED_BY, SupersedeAs, superseded_by_json
-from coalescer.worker.resolve import JSON, Superseding, put_artifact
+from coalescer.worker.protocol import (
+    RELEASED,
+    SPARED,
+    SUPERSEDED_BY,
+    Resolution,
+    SupersedeAs,
+    superseded_by_json,
+)
+from coalescer.worker.resolve import JSON, Superseding, dependents
 
 log = logging.getLogger("coalescer.policy")
 
 RESOLVED = frozenset({"completed", "failed", "exception"})
 #: A definition larger than this is kept without its payload for the primary's handoff.
 MAX_DEFINITION_BYTES = 64 << 10
+#: Resolutions that ``public/superseded-by.json`` follows (see :class:`Superseding`).
+_LINKED_AFTER = frozenset({"superseded", "canceled"})
 #: Dependents canceled per victim at most (a cascade is a task graph, not the whole queue).
 MAX_CASCADE = 1000
 
@@ -45,6 +54,8 @@ class Result:
     started_ms: int = 0
     definition: str = ""
     cascaded: tuple[str, ...] = ()
+    #: How a superseded victim's run was ended, and why (lineage).
+    resolution: Resolution | None = None
 
 
 def definition_json(task: Mapping[str, Any]) -> str:
@@ -74,7 +85,7 @@ class Actions:
         self.conn = conn
         self.http = http
         self.me = {"workerGroup": worker_group, "workerId": worker_id}
-        self.superseding = Superseding(supersede_as, queue)
+        self.superseding = Superseding(supersede_as, queue, http)
         self.clock = clock
         self.fraction = reclaim_fraction
 
@@ -116,28 +127,50 @@ class Actions:
     # -- actions ----------------------------------------------------------------------------
     async def supersede(self, entry: Entry) -> Result:
         """Resolve a victim superseded by ``entry.primary``: claim it, cancel its dependents
-        (cascade), upload ``public/superseded-by.json``, resolve it."""
+        (cascade), resolve it and upload ``public/superseded-by.json``. A victim that could
+        only be released is left alone (``spared``): released, it would be decided again."""
+        why = await self.superseding.would_release(entry.victim)
+        if why is not None:
+            return Result(SPARED, resolution=Resolution(SPARED, f"left to run: {why}"))
         got = await self._claim(entry.victim)
         if not isinstance(got, Claim):
             if got is not None and got["state"] == "running":
                 return (
                     await self.cancel(entry, got) if entry.supersede_running else Result("missed")
                 )
-            return Result("superseded" if self._resolved_by_us(got) else "gone")
+            if got is None or not self._resolved_by_us(got):
+                return Result("gone")
+            if got["state"] == "exception" and got.get("reasonResolved") in _LINKED_AFTER:
+                # An earlier try may have ended before its artifact, which follows these.
+                await self._link(entry, int(got["runId"]))
+            return Result("superseded")
         cascaded = await self.cascade(entry) if entry.cascade == "cancel" else ()
         try:
-            body = superseded_by_json(entry.primary, entry.primary_run)
-            await put_artifact(self.http, got, SUPERSEDED_BY, body)
-            await self.superseding.resolve(got)
+            done = await self.superseding.supersede(got, (entry.primary, entry.primary_run))
         except (TaskclusterFailure, httpx.HTTPError) as exc:
-            if http_status(exc) == 409:
+            status = http_status(exc)
+            if status == 409:
                 return Result("gone", cascaded=cascaded)
             log.error("could not supersede %r, releasing it: %s", got, exc)
             await self._release(got)
-            return Result("released", cascaded=cascaded)
-        log.info("%s superseded by %s (%s)", entry.victim, entry.primary, entry.reason)
+            failed = Resolution(RELEASED, f"superseding it failed (HTTP {status})")
+            return Result(RELEASED, cascaded=cascaded, resolution=failed)
+        if not done.superseded:
+            return Result(RELEASED, cascaded=cascaded, resolution=done)
+        log.info(
+            "%s superseded by %s (%s): %s, %s",
+            entry.victim,
+            entry.primary,
+            entry.reason,
+            done.how,
+            done.why,
+        )
         return Result(
-            "superseded", saved="pending", definition=definition_json(got.task), cascaded=cascaded
+            "superseded",
+            saved="pending",
+            definition=definition_json(got.task),
+            cascaded=cascaded,
+            resolution=done,
         )
 
     async def hold(self, entry: Entry) -> Result:
@@ -215,20 +248,12 @@ class Actions:
         seen = {entry.victim}
         todo = [entry.victim]
         while todo and len(seen) < MAX_CASCADE:
-            parent = todo.pop(0)
-            token: str | None = None
-            while True:
-                query = {"continuationToken": token} if token else {}
-                page = await self.queue.listDependentTasks(parent, query=query)
-                for item in page.get("tasks", []):
-                    task_id = item["status"]["taskId"]
-                    if task_id not in seen:
-                        seen.add(task_id)
-                        todo.append(task_id)
-                        found.append((task_id, item["status"]["state"]))
-                token = page.get("continuationToken")
-                if not token:
-                    break
+            for item in await dependents(self.queue, todo.pop(0)):
+                task_id = item["status"]["taskId"]
+                if task_id not in seen:
+                    seen.add(task_id)
+                    todo.append(task_id)
+                    found.append((task_id, item["status"]["state"]))
         canceled: list[str] = []
         for task_id, state in reversed(found):
             if state in RESOLVED:

@@ -39,7 +39,8 @@ def register(sub: Any) -> None:
         "--resolve-superseded-as",
         choices=[m.value for m in SupersedeAs],
         default=SupersedeAs.AUTO.value,
-        help="auto: exception/superseded, or completed where the queue rejects it",
+        help="auto: exception/superseded; where the queue rejects it, completed if no "
+        "dependent waits for the task, else canceled, else released",
     )
     p.add_argument("--lease", type=float, default=60.0, metavar="S", help="key lease (60 s)")
     p.add_argument("--poll", type=float, default=1.0, metavar="S", help="idle wait (1 s)")

@@ -246,6 +246,7 @@ class Enforcer:
             started_ms=result.started_ms,
             definition=result.definition,
             cascaded=result.cascaded,
+            resolution=None if (r := result.resolution) is None else (r.how, r.why),
         )
         if not changed and result.state == "held":
             # The decision moved on while we claimed (cannot happen under the lease, unless it

@@ -39,6 +39,7 @@ def _decision_json(d: records.Decision, task_id: str) -> dict[str, Any]:
         "at": d.at_ms / 1000,
         "action": d.action,
         "state": d.state,
+        "resolution": {"as": d.resolved_as, "why": d.resolved_why} if d.resolved_as else None,
     }
 
 

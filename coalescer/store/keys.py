@@ -28,6 +28,8 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 * ``co:{K}:m`` hash    ``<rule>|<state>`` counters and ``<rule>|saved_ms``;
 * ``co:{K}:rd`` list   recent run durations (ms), to estimate the worker time saved;
 * ``co:{K}:df`` hash   victim taskId → its task definition (JSON), for the primary's handoff;
+* ``co:{K}:vn`` hash   victim taskId → ``run|how|why``: how the enforcer ended that run
+  (``completed``, ``exception/superseded``, ``canceled``, ``released``) and why;
 * ``co:{K}:lease``     string: the enforcer working on the key, with a TTL.
 
 Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash),
@@ -79,11 +81,11 @@ def policy(key: str) -> tuple[str, str, str, str, str, str, str, str, str]:
     return (v, vp, vx, r, rs, o, h, m, rd)
 
 
-def settled(key: str) -> tuple[str, str, str, str, str, str, str, str]:
-    """``(v, vp, vx, o, h, m, rd, df)``: what ``settle.lua`` touches."""
+def settled(key: str) -> tuple[str, str, str, str, str, str, str, str, str]:
+    """``(v, vp, vx, o, h, m, rd, df, vn)``: what ``settle.lua`` touches."""
     tag = f"co:{{{key}}}:"
     v, vp, vx, _, _, o, h, m, rd = policy(key)
-    return (v, vp, vx, o, h, m, rd, tag + "df")
+    return (v, vp, vx, o, h, m, rd, tag + "df", tag + "vn")
 
 
 def lease(key: str) -> str:

@@ -34,11 +34,20 @@ class Decision:
     state: str
     action: str
     reason: str
+    #: How the enforcer ended the victim's run (``completed``, ``exception/superseded``,
+    #: ``canceled``, ``released``) and why; empty until it has.
+    resolved_as: str = ""
+    resolved_why: str = ""
 
 
-def parse_decision(key: str, task_id: str, record: str) -> Decision:
+def parse_decision(key: str, task_id: str, record: str, note: str = "") -> Decision:
+    """A ``v`` record, with its ``vn`` note (``run|how|why``) when that is about the same run."""
     run, by, by_run, at, rule, state, action, reason = record.split("|", 7)
-    return Decision(key, task_id, int(run), by, int(by_run), int(at), rule, state, action, reason)
+    note_run, _, rest = note.partition("|")
+    how, _, why = rest.partition("|") if note_run == run else ("", "", "")
+    return Decision(
+        key, task_id, int(run), by, int(by_run), int(at), rule, state, action, reason, how, why
+    )
 
 
 async def decision(store: Store, key: str, victim: str) -> Decision | None:
@@ -58,28 +67,34 @@ async def lineage(
         for key in names:
             v, vp, *_ = keys.policy(key)
             pipe.hget(v, task_id)
+            pipe.hget(keys.settled(key)[8], task_id)
             pipe.zrangebylex(vp, f"[{task_id}|", f"[{task_id}|\xff")
 
     raw = await store._pipeline(fill)
     mine = [
-        parse_decision(k, task_id, _text(raw[2 * i]))
+        parse_decision(k, task_id, _text(raw[3 * i]), _text(raw[3 * i + 1] or ""))
         for i, k in enumerate(names)
-        if raw[2 * i] is not None
+        if raw[3 * i] is not None
     ]
     wanted = [
-        (k, [_text(m).split("|", 1)[1] for m in raw[2 * i + 1]])
+        (k, [_text(m).split("|", 1)[1] for m in raw[3 * i + 2]])
         for i, k in enumerate(names)
-        if raw[2 * i + 1]
+        if raw[3 * i + 2]
     ]
     theirs: list[Decision] = []
     if wanted:
-        replies = await store._pipeline(
-            lambda pipe: [pipe.hmget(keys.policy(k)[0], ids) for k, ids in wanted]
-        )
-        for (key, ids), records in zip(wanted, replies, strict=True):
+
+        def fill_theirs(pipe: Any) -> None:
+            for key, ids in wanted:
+                pipe.hmget(keys.policy(key)[0], ids)
+                pipe.hmget(keys.settled(key)[8], ids)
+
+        replies = await store._pipeline(fill_theirs)
+        for i, (key, ids) in enumerate(wanted):
+            records, notes = replies[2 * i], replies[2 * i + 1]
             theirs += [
-                parse_decision(key, victim, _text(rec))
-                for victim, rec in zip(ids, records, strict=True)
+                parse_decision(key, victim, _text(rec), _text(note or ""))
+                for victim, rec, note in zip(ids, records, notes, strict=True)
                 if rec is not None
             ]
     theirs.sort(key=lambda d: (d.at_ms, d.task_id))

@@ -244,9 +244,11 @@ async def settle(
     started_ms: int = 0,
     definition: str = "",
     cascaded: Sequence[str] = (),
+    resolution: tuple[str, str] | None = None,
 ) -> tuple[bool, int]:
     """Move ``victim`` from one of ``expected`` states to ``new`` and acknowledge ``entry_id``
-    (see ``settle.lua``); returns whether the state changed and the milliseconds saved."""
+    (see ``settle.lua``); returns whether the state changed and the milliseconds saved.
+    ``resolution``: how the victim's run was ended, and why, for its lineage."""
     (raw,) = await store._pipeline(
         lambda pipe: store._eval(
             pipe,
@@ -264,6 +266,7 @@ async def settle(
             started_ms,
             definition,
             ",".join(cascaded),
+            "|".join(resolution) if resolution else "",
         )
     )
     return bool(int(raw[0])), int(raw[1])

@@ -471,7 +471,7 @@ def _script(name: str, embedded: bool) -> str:
 
 
 def decode_snapshot(raw: list[Any]) -> model.KeySnapshot:
-    ids = raw[3:]
+    ids = raw[4:]
     if ids and isinstance(ids[0], bytes):
         ids = [v.decode() for v in ids]
     newer = int(raw[2])
@@ -480,6 +480,7 @@ def decode_snapshot(raw: list[Any]) -> model.KeySnapshot:
         oldest_since_ms=None if raw[1] is None else int(float(raw[1])),
         newest=ids,
         newer=None if newer < 0 else newer,
+        initial_resolved=int(raw[3]) == model.Rank.RESOLVED,
     )
 
 

@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 from starlette.convertors import Convertor, register_url_convertor
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -97,13 +98,20 @@ class KeyEndpoint:
         age = _whole_number("age", params.get("age"))
         size = _whole_number("size", params.get("size"))
         cap = state.settings.max_list
-        now_ms = int(time.time() * 1000)
-        snap = await state.store.snapshot(key, task_id, now_ms=now_ms, cap=cap)
-        if snap.newer is None and state.learner is not None:  # event lag: ask the queue
-            now_ms, snap = await state.learner.learn(key, task_id, now_ms, snap, cap=cap)
+        now_ms, snap = await read_key(state, key, task_id, cap)
         answer, reason = model.supersedes(task_id, snap, now_ms=now_ms, age=age, size=size, cap=cap)
         state.observer.answer(key, task_id, answer, reason, now_ms, started)
         return orjson.dumps({"supersedes": answer})
+
+
+async def read_key(state: State, key: str, task_id: str, cap: int) -> tuple[int, model.KeySnapshot]:
+    """``(now_ms, snapshot)`` of ``key`` for a query about ``task_id``: one Redis round trip,
+    and a queue lookup first when the index does not know the task (event lag)."""
+    now_ms = int(time.time() * 1000)
+    snap = await state.store.snapshot(key, task_id, now_ms=now_ms, cap=cap)
+    if snap.newer is None and state.learner is not None:
+        now_ms, snap = await state.learner.learn(key, task_id, now_ms, snap, cap=cap)
+    return now_ms, snap
 
 
 async def send_json(send: Send, body: bytes) -> None:
@@ -152,6 +160,35 @@ _key_listing = RequestId(request_response(_listing))
 async def not_found(request: Request) -> Response:
     # Raised, so that the app's handler answers a browser with a page and counts it.
     raise HTTPException(404, f"no such endpoint: {request.url.path}")
+
+
+async def docker_worker(request: Request) -> Response:
+    """``GET /v1/docker-worker[/<age>/<size>]/<key>?taskId=``: the answer an unmodified
+    docker-worker needs, newest first (see :func:`coalescer.model.docker_worker_list`). The key
+    is dotted, as on tc-coalesce's ``/v1/list`` routes, so that no key reads as thresholds."""
+    started = time.perf_counter()
+    task_id = request.query_params.get("taskId")
+    if task_id is None:
+        raise InvalidInput(
+            "missing query parameter 'taskId' (docker-worker appends ?taskId=<its task> to its "
+            "supersederUrl, which must therefore have no query string of its own)"
+        )
+    key = model.check_key(request.path_params["key"])
+    model.check_task_id(task_id)
+    state = request.app.state
+    cap = state.settings.max_list
+    now_ms, snap = await read_key(state, key, task_id, cap)
+    answer, reason = model.docker_worker_list(
+        task_id,
+        snap,
+        now_ms=now_ms,
+        age=request.path_params.get("age"),
+        size=request.path_params.get("size"),
+        cap=cap,
+    )
+    # Recorded oldest first, as every answer is, for the pages.
+    state.observer.answer(key, task_id, answer[::-1], reason, now_ms, started)
+    return JSON({"supersedes": answer})
 
 
 async def compat_list(request: Request) -> Response:

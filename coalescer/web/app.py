@@ -228,6 +228,8 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         _traced("/v1/stats", api.compat_stats),
         _traced("/v1/list/{age:int}/{size:int}/{key}", api.compat_list),
         _traced("/v1/list/{key}", api.compat_list_all),
+        _traced("/v1/docker-worker/{age:int}/{size:int}/{key}", api.docker_worker),
+        _traced("/v1/docker-worker/{key}", api.docker_worker),
         _traced("/v1/events", post_events, "POST"),
         _traced("/v1/tasks/{taskId}", lineage.task_lineage),
         _traced("/v1/tasks/{taskId}/supersedes", lineage.task_handoff),

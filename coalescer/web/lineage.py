@@ -70,7 +70,8 @@ class _PolicyCounters(Collector):
         tasks = CounterMetricFamily(
             "coalescer_policy_tasks",
             "Tasks decided on by superseding policies, by key, rule and outcome "
-            "(decided, superseded, canceled, held, released, cascaded, missed, protected, gone)",
+            "(decided, superseded, canceled, held, released, spared, cascaded, missed, protected, "
+            "gone)",
             labels=["key", "rule", "outcome"],
         )
         saved = CounterMetricFamily(

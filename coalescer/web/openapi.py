@@ -73,6 +73,15 @@ _COMPAT_KEY_PARAM = _param(
     "Coalescing key (dotted; no path is reserved here)",
 )
 _TASK_PARAM = _param("taskId", "path", {"type": "string", "pattern": _SLUGID}, "a slugid")
+_DOCKER_WORKER = (
+    "For an unmodified docker-worker as ``supersederUrl``: the tasks it should supersede, "
+    "**newest first** (it runs the first it claims), the initial task included while pending "
+    "or running; only the initial task when the index does not know it or holds it resolved"
+)
+_DOCKER_WORKER_TASK = {
+    **_param("taskId", "query", {"type": "string", "pattern": _SLUGID}, "the claimed task"),
+    "required": True,
+}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": 999_999_999_999}
 _WHOLE = {"type": "integer", "minimum": 0}
 #: An empty value (``?age=``) counts as absent.
@@ -212,6 +221,26 @@ def document() -> dict[str, Any]:
                 "get": _op(
                     "The superseding rules in force and, per key and rule, what they superseded",
                     {"200": _json({"type": "object"}, "OK"), **_errors(503)},
+                )
+            },
+            "/v1/docker-worker/{key}": {
+                "get": _op(
+                    _DOCKER_WORKER,
+                    {"200": _json(_ref("Supersedes"), "OK"), **_errors(400, 404, 503)},
+                    parameters=[_COMPAT_KEY_PARAM, _DOCKER_WORKER_TASK],
+                )
+            },
+            "/v1/docker-worker/{age}/{size}/{key}": {
+                "get": _op(
+                    _DOCKER_WORKER + "; only the initial task unless more than ``size`` tasks "
+                    "are pending and the longest-waiting has waited more than ``age`` seconds",
+                    {"200": _json(_ref("Supersedes"), "OK"), **_errors(400, 404, 503)},
+                    parameters=[
+                        _param("age", "path", _WHOLE, "seconds the oldest must have waited"),
+                        _param("size", "path", _WHOLE, "pending tasks needed (more than)"),
+                        _COMPAT_KEY_PARAM,
+                        _DOCKER_WORKER_TASK,
+                    ],
                 )
             },
             "/v1/list/{age}/{size}/{key}": {

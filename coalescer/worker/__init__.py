@@ -19,6 +19,7 @@ from coalescer.worker.protocol import (
     Options,
     Order,
     Outcome,
+    Resolution,
     SupersedeAs,
     SupersederError,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Order",
     "Outcome",
     "Report",
+    "Resolution",
     "Shim",
     "SupersedeAs",
     "Superseded",

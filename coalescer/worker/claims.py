@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -153,10 +153,11 @@ async def claim_listed(
     worker_group: str,
     worker_id: str,
     clock: Clock,
+    spare: Callable[[str], Awaitable[str | None]] | None = None,
 ) -> None:
     """Claim every listed task but the initial one, ``options.claim_concurrency`` at a time,
     adding each success to ``held`` as soon as it lands (so a caller that is cancelled midway
-    knows what to release).
+    knows what to release). A task for which ``spare`` gives a reason is not claimed.
 
     ``reserved`` holds the task ids this worker holds in any task set: the queue answers a
     worker's claimTask of a run that *it* already holds with success, not 409, so without this
@@ -171,6 +172,10 @@ async def claim_listed(
         claim = None
         try:
             async with bound:
+                why = None if spare is None else await spare(task_id)
+                if why is not None:
+                    log.info("not claiming %s, it could only be released: %s", task_id, why)
+                    return
                 claim = await claim_one(
                     worker_queue,
                     conn,

@@ -55,7 +55,8 @@ def register(subparsers: Any) -> None:
         "--resolve-superseded-as",
         choices=[m.value for m in SupersedeAs],
         default=SupersedeAs.AUTO.value,
-        help="auto: exception/superseded, or completed where the queue rejects it",
+        help="auto: exception/superseded; where the queue rejects it, completed if no "
+        "dependent waits for the task, else canceled, else released",
     )
     p.add_argument(
         "--on-primary-failure",

@@ -57,14 +57,58 @@ class SupersedeAs(enum.StrEnum):
       accepts it, but the task's dependents are then scheduled as if it had run.
     * ``canceled`` — ``cancelTask`` with the worker's own credentials (needs
       ``queue:cancel-task:...``): dependents stay blocked, as with ``superseded``.
-    * ``auto`` — ``exception-superseded``, switching to ``completed`` for good the first time
-      the queue rejects the reason.
+    * ``auto`` — ``exception-superseded`` while the queue accepts it; on a queue that rejects
+      the reason, per task (:func:`fallback`): ``completed`` when no dependent waits for the
+      task, else ``canceled`` when the credentials allow, else released (``worker-shutdown``)
+      so that it runs itself. A superseded task never schedules its dependents.
     """
 
     AUTO = "auto"
     EXCEPTION_SUPERSEDED = "exception-superseded"
     COMPLETED = "completed"
     CANCELED = "canceled"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resolution:
+    """How a superseded run was ended (``how``: ``exception/superseded``, ``completed``,
+    ``canceled``, ``released``; or ``spared``: left alone), and why."""
+
+    how: str
+    why: str
+
+    @property
+    def superseded(self) -> bool:
+        """Whether the run ended superseded (a released or spared task runs itself)."""
+        return self.how not in (RELEASED, SPARED)
+
+
+RELEASED = "released"
+SPARED = "spared"
+
+
+def fallback(waiting: int | None, may_cancel: bool) -> Resolution:
+    """How ``auto`` ends a superseded run on a queue that rejects ``superseded``.
+
+    ``waiting``: how many of the task's dependents are unresolved (``None``: unknown, e.g. no
+    ``queue:list-dependent-tasks`` scope). Completing schedules them as if the task had run, so
+    only a task nothing waits for is completed; canceling keeps them blocked, as ``superseded``
+    does; without the scope to cancel, the run is released and the task runs itself.
+    """
+    if waiting == 0:
+        return Resolution("completed", "no dependent waits for it")
+    waits = (
+        "its dependents could not be listed"
+        if waiting is None
+        else f"{waiting} dependent{'s' if waiting > 1 else ''} wait{'' if waiting > 1 else 's'} "
+        "for it"
+    )
+    if may_cancel:
+        return Resolution("canceled", f"{waits}, and completing it would schedule them")
+    return Resolution(
+        RELEASED,
+        f"{waits}, completing it would schedule them, and the credentials may not cancel it",
+    )
 
 
 class OnPrimaryFailure(enum.StrEnum):

@@ -32,6 +32,7 @@ from coalescer.worker.protocol import (
     SUPERSEDES,
     Options,
     Outcome,
+    Resolution,
     SupersederError,
     choose_primary,
     secondary_fate,
@@ -84,6 +85,8 @@ class Report:
     released: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     #: Secondaries whose claim was lost, or whose resolution failed: forgotten.
     dropped: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    #: How each secondary the primary was to supersede was ended, and why.
+    resolutions: dict[tuple[str, int], Resolution] = dataclasses.field(default_factory=dict)
     alone: str | None = None
     #: ``canceled`` when the primary's claim was lost, ``shutdown`` when stopped,
     #: ``duplicate`` when another task set of this worker already held the claimed run.
@@ -159,6 +162,11 @@ class Shim:
             except Exception as exc:  # whatever it is, superseding must not block the task
                 log.exception("running %r alone: asking the superseder broke", initial)
                 return TaskSet(initial, [initial.task_id], held, f"error: {exc!r}")
+            spare = self.resolver.superseding.would_release
+            if (why := await spare(initial.task_id)) is not None:
+                # As a secondary it could only be released: claim nothing newer, so that it runs.
+                log.info("%r supersedes no newer task: %s", initial, why)
+                listed = listed[: listed.index(initial.task_id) + 1]
             await claim_listed(
                 self.queue,
                 self.conn,
@@ -170,6 +178,7 @@ class Shim:
                 worker_group=self.worker_group,
                 worker_id=self.worker_id,
                 clock=self.clock,
+                spare=spare,
             )
         except BaseException:
             # Cancelled (or broken) halfway: whatever was claimed goes back to the queue.
@@ -270,13 +279,17 @@ class Shim:
         if secondary_fate(outcome, self.options.on_primary_failure) == "supersede":
             bound = asyncio.Semaphore(max(1, self.options.claim_concurrency))
 
-            async def one(claim: Claim) -> bool:
+            async def one(claim: Claim) -> Resolution | None:
                 async with bound:
                     return await self.resolver.supersede(claim, primary)
 
             results = await asyncio.gather(*(one(c) for c in live))
-            for claim, ok in zip(live, results, strict=True):
-                (report.superseded if ok else report.dropped).append(_ref(claim))
+            for claim, done in zip(live, results, strict=True):
+                if done is None:
+                    report.dropped.append(_ref(claim))
+                    continue
+                report.resolutions[_ref(claim)] = done
+                (report.superseded if done.superseded else report.released).append(_ref(claim))
         else:
             await self._release_into(report, live)
         artifacts = [(SUPERSEDES, supersedes_json(report.superseded))] if report.superseded else []

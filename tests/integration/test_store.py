@@ -110,8 +110,13 @@ async def test_snapshot_reads_count_oldest_wait_and_initial_order(store: Store) 
     assert snap.oldest_since_ms == NOW - 5000
     assert snap.newer == 0
     assert snap.newest == ["B", "A"]
+    assert not snap.initial_resolved
     unknown = await store.snapshot("k", "Z", now_ms=NOW, cap=32)
     assert unknown.newer is None and unknown.newest == ["B", "A"]
+    assert not unknown.initial_resolved
+    await store.apply([ev("C", order=3, state="completed")], now_ms=NOW)
+    resolved = await store.snapshot("k", "C", now_ms=NOW, cap=32)
+    assert resolved.initial_resolved and resolved.newer == 0
 
 
 async def answer(store: Store, initial: str, cap: int = 32) -> list[str]:

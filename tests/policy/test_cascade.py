@@ -6,6 +6,7 @@ import pytest
 
 from coalescer.policy.rules import Policy
 from tests.policy.support import Loop, rule
+from tests.worker.support import NoCancelScope
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +40,7 @@ async def test_dependents_are_canceled_transitively_before_the_victim_resolves(
         lineage = (await http.get(f"/v1/tasks/{child}")).json()
         stats = (await http.get("/v1/policy")).json()
     assert lineage["supersededBy"]["taskId"] == old
+    assert lineage["supersededBy"]["runId"] == 0  # the victim's run
     assert lineage["supersededBy"]["action"] == "cascade"
     assert lineage["supersededBy"]["reason"] == f"depends on superseded {old}"
     assert stats["keys"][0]["cascaded"] == 2 and stats["keys"][0]["superseded"] == 1
@@ -54,3 +56,62 @@ async def test_leave_lets_the_queue_decide_for_dependents(loop: Loop) -> None:
     assert loop.last_run(old)["reasonResolved"] == "superseded"
     # `superseded` is not `completed`: the child stays unscheduled, as the queue's rules say.
     assert loop.status(child)["state"] == "unscheduled"
+
+
+@pytest.mark.parametrize("legacy", [False])
+@pytest.mark.parametrize("cascade", ["leave"])
+async def test_on_a_current_queue_a_victim_with_dependents_is_canceled_not_completed(
+    loop: Loop,
+) -> None:
+    old, leaf = loop.create(), loop.create()
+    child = loop.em.create_task(dependencies=[old], routes=[])
+    new = loop.create()
+    await loop.feed()
+    await loop.enforce()
+    # Completing it would have scheduled the child as if the old task had run.
+    assert (loop.last_run(old)["state"], loop.last_run(old)["reasonResolved"]) == (
+        "exception",
+        "canceled",
+    )
+    assert loop.status(child)["state"] == "unscheduled"
+    assert loop.artifact(old, 0, "public/superseded-by.json") == {"taskId": new, "runId": 0}
+    assert loop.last_run(leaf)["state"] == "completed"
+    async with loop.service() as http:
+        canceled = (await http.get(f"/v1/tasks/{old}")).json()["supersededBy"]
+        completed = (await http.get(f"/v1/tasks/{leaf}")).json()["supersededBy"]
+        page = (await http.get(f"/tasks/{old}", headers={"Accept": "text/html"})).text
+    assert canceled["state"] == "superseded"
+    assert canceled["resolution"] == {
+        "as": "canceled",
+        "why": "1 dependent waits for it, and completing it would schedule them",
+    }
+    assert completed["resolution"] == {"as": "completed", "why": "no dependent waits for it"}
+    assert "1 dependent waits for it" in page
+
+
+@pytest.mark.parametrize("legacy", [False])
+@pytest.mark.parametrize("cascade", ["leave"])
+async def test_without_the_cancel_scope_a_victim_with_dependents_is_released_once_then_spared(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = loop.em.aio_queue
+    monkeypatch.setattr(loop.em, "aio_queue", lambda **kw: NoCancelScope(client(**kw)))
+    old = loop.create()
+    child = loop.em.create_task(dependencies=[old], routes=[])
+    loop.create()
+    await loop.feed()
+    await loop.enforce()
+    # Released once (the enforcer learns it may not cancel), then left to run itself rather
+    # than claimed and released again, a retry each time.
+    runs = loop.status(old)["runs"]
+    assert [(r["state"], r.get("reasonResolved")) for r in runs] == [
+        ("exception", "worker-shutdown"),
+        ("pending", None),
+    ]
+    assert loop.artifact(old, 0, "public/superseded-by.json") is None
+    assert loop.status(child)["state"] == "unscheduled"
+    async with loop.service() as http:
+        by = (await http.get(f"/v1/tasks/{old}")).json()["supersededBy"]
+    assert by["state"] == "spared" and by["victimRunId"] == 1
+    assert by["resolution"]["as"] == "spared"
+    assert "may not cancel" in by["resolution"]["why"]

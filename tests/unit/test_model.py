@@ -117,3 +117,15 @@ def test_compat_list_is_newest_first_or_empty() -> None:
     assert model.compat_list(s, now_ms=10_000, age=5, size=2) == ["C", "B", "A"]
     assert model.compat_list(s, now_ms=10_000, age=5, size=3) == []
     assert model.compat_list(s, now_ms=10_000, age=10, size=0) == []
+
+
+def test_docker_worker_list_is_the_answer_newest_first() -> None:
+    s = snap(["D", "C", "A"], newer=2)
+    assert model.docker_worker_list("B", s, now_ms=10) == (["D", "C", "B", "A"], "ok")
+    assert model.docker_worker_list("B", s, now_ms=10, size=3) == (["B"], "threshold")
+    assert model.docker_worker_list("B", snap(["D"], newer=None), now_ms=10) == (["B"], "unknown")
+
+
+def test_docker_worker_list_answers_a_resolved_initial_task_alone() -> None:
+    s = KeySnapshot(pending=2, oldest_since_ms=0, newest=["D", "C"], newer=2, initial_resolved=True)
+    assert model.docker_worker_list("B", s, now_ms=10) == (["B"], "resolved")

@@ -15,9 +15,11 @@ from coalescer.worker.protocol import (
     OnPrimaryFailure,
     Order,
     Outcome,
+    Resolution,
     SupersederError,
     choose_primary,
     claimable_run,
+    fallback,
     ineligibility,
     parse_answer,
     query_url,
@@ -173,3 +175,16 @@ def test_artifacts_have_the_documented_shape() -> None:
     ]
     view = orjson.loads(supersedes_view([(E, 0, {"payload": {}})]))
     assert view == [{"taskId": E, "runId": 0, "task": {"payload": {}}}]
+
+
+def test_a_superseded_task_is_completed_only_when_no_dependent_waits_for_it() -> None:
+    assert fallback(0, may_cancel=True) == Resolution("completed", "no dependent waits for it")
+    assert fallback(0, may_cancel=False).how == "completed"
+    assert fallback(2, may_cancel=True) == Resolution(
+        "canceled", "2 dependents wait for it, and completing it would schedule them"
+    )
+    assert fallback(None, may_cancel=True).how == "canceled"
+    released = fallback(1, may_cancel=False)
+    assert released.how == "released" and not released.superseded
+    assert "1 dependent waits for it" in released.why and "may not cancel" in released.why
+    assert "could not be listed" in fallback(None, may_cancel=False).why

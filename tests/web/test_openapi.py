@@ -55,6 +55,7 @@ def _openapi_path(route: Route) -> str:
     return {
         "/{path:keypath}": "/{key}",
         "/v1/list/{age:int}/{size:int}/{key}": "/v1/list/{age}/{size}/{key}",
+        "/v1/docker-worker/{age:int}/{size:int}/{key}": "/v1/docker-worker/{age}/{size}/{key}",
     }.get(route.path, route.path)
 
 

@@ -16,6 +16,7 @@ import orjson
 import uvicorn
 from starlette.requests import Request
 from starlette.responses import Response
+from taskcluster.exceptions import TaskclusterFailure, TaskclusterRestFailure
 
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.worker import Options, Shim
@@ -134,6 +135,93 @@ async def claim_work(shim: Shim, count: int = 1) -> list[dict[str, Any]]:
         QUEUE, {"tasks": count, "workerGroup": shim.worker_group, "workerId": shim.worker_id}
     )
     return list(answer["tasks"])
+
+
+class NoCancelScope:
+    """A queue client as with credentials that lack ``queue:cancel-task:...``: its
+    ``cancelTask`` answers 403 (the emulator does not check scopes); the rest is the client's."""
+
+    def __init__(self, queue: Any) -> None:
+        self._queue = queue
+        self.refused: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._queue, name)
+
+    async def cancelTask(self, task_id: str) -> None:
+        self.refused.append(task_id)
+        raise TaskclusterRestFailure("InsufficientScopes", None, status_code=403)
+
+
+@dataclasses.dataclass
+class DockerWorkerRules:
+    """docker-worker's superseding, unmodified (the only worker that ever shipped it): the URL
+    by string concatenation, 5 s timeout, any error or a list without its own task → alone;
+    claims every other listed task's run 0 in parallel, keeps the list order of the claims that
+    succeeded, runs ``claims[0]`` and resolves the others exception/``superseded`` after
+    uploading ``public/superseded-by.json``. Returns ``(primary, secondaries)`` taskIds."""
+
+    emulator: QueueEmulator
+    worker_group: str = "dw"
+    worker_id: str = "docker-worker"
+
+    async def claim_work(self) -> dict[str, Any]:
+        """One task from ``claimWork`` on the test queue."""
+        me = {"workerGroup": self.worker_group, "workerId": self.worker_id}
+        answer = await self.emulator.aio_queue(WORKER_CREDENTIALS).claimWork(
+            QUEUE, {"tasks": 1, **me}
+        )
+        [claim] = answer["tasks"]
+        return dict(claim)
+
+    async def run(self, claim: dict[str, Any]) -> tuple[str, list[str]]:
+        claims = await self._superseding(claim)
+        async with httpx.AsyncClient() as http:
+            for secondary in claims[1:]:
+                queue = self.emulator.aio_queue(secondary["credentials"])
+                task_id, run_id = secondary["status"]["taskId"], str(secondary["runId"])
+                created = await queue.createArtifact(
+                    task_id,
+                    run_id,
+                    "public/superseded-by.json",
+                    {
+                        "storageType": "s3",
+                        "expires": secondary["task"]["expires"],
+                        "contentType": "application/json",
+                    },
+                )
+                body = {"taskId": claims[0]["status"]["taskId"], "runId": claims[0]["runId"]}
+                response = await http.put(created["putUrl"], json=body)
+                response.raise_for_status()
+                await queue.reportException(task_id, run_id, {"reason": "superseded"})
+        primary = claims[0]
+        queue = self.emulator.aio_queue(primary["credentials"])
+        await queue.reportCompleted(primary["status"]["taskId"], str(primary["runId"]))
+        return primary["status"]["taskId"], [c["status"]["taskId"] for c in claims[1:]]
+
+    async def _superseding(self, claim: dict[str, Any]) -> list[dict[str, Any]]:
+        task_id = claim["status"]["taskId"]
+        url = claim["task"]["payload"]["supersederUrl"] + "?taskId=" + task_id
+        try:
+            async with httpx.AsyncClient(timeout=5) as http:
+                listed = (await http.get(url)).raise_for_status().json()["supersedes"]
+        except Exception:  # any error: run alone, as docker-worker did
+            return [claim]
+        if task_id not in listed:
+            return [claim]
+        queue = self.emulator.aio_queue(WORKER_CREDENTIALS)
+        body = {"workerGroup": self.worker_group, "workerId": self.worker_id}
+
+        async def claim_one(other: str) -> dict[str, Any] | None:
+            if other == task_id:
+                return claim
+            try:
+                return dict(await queue.claimTask(other, "0", body))
+            except TaskclusterFailure:
+                return None
+
+        claims = await asyncio.gather(*map(claim_one, listed))
+        return [c for c in claims if c is not None]
 
 
 async def poll(check: Callable[[], Any], within: float = 10.0, what: str = "condition") -> Any:

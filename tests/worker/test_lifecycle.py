@@ -23,7 +23,7 @@ from coalescer.worker import (
     Superseded,
 )
 from coalescer.worker.protocol import COMPLETED, FAILED
-from tests.worker.support import Superseder, Tasks, claim_work, make_shim, poll
+from tests.worker.support import NoCancelScope, Superseder, Tasks, claim_work, make_shim, poll
 
 CLAIM_TIMEOUT = 1200  # the emulator's (and the real queue's) seconds per claim
 
@@ -227,20 +227,22 @@ async def test_an_execute_that_crashes_is_an_internal_error(
 
 @pytest.mark.parametrize("legacy", [False])
 @pytest.mark.parametrize(
-    ("mode", "state", "reason", "superseded"),
+    ("mode", "state", "reason", "how"),
     [
-        (SupersedeAs.AUTO, "completed", "completed", True),
-        (SupersedeAs.COMPLETED, "completed", "completed", True),
-        (SupersedeAs.CANCELED, "exception", "canceled", True),
-        # A current queue rejects the reason: the task is given back rather than lost.
-        (SupersedeAs.EXCEPTION_SUPERSEDED, "exception", "worker-shutdown", False),
+        # No dependent waits for the old task: completing it schedules nothing.
+        (SupersedeAs.AUTO, "completed", "completed", "completed"),
+        (SupersedeAs.COMPLETED, "completed", "completed", "completed"),
+        (SupersedeAs.CANCELED, "exception", "canceled", "canceled"),
+        # A current queue rejects the reason: the task is given back rather than lost, and no
+        # artifact names a primary that did not supersede it.
+        (SupersedeAs.EXCEPTION_SUPERSEDED, "exception", "worker-shutdown", "released"),
     ],
 )
 async def test_current_queue_modes(
     mode: SupersedeAs,
     state: str,
     reason: str,
-    superseded: bool,
+    how: str,
     queue_emulator: QueueEmulator,
     options: Options,
     tasks: Tasks,
@@ -253,11 +255,43 @@ async def test_current_queue_modes(
         execute.release.set()
         report = await (await start(shim, execute))
 
-    assert (report.superseded == [(old, 0)]) is superseded
+    superseded = how != "released"
+    assert report.superseded == ([(old, 0)] if superseded else [])
+    assert report.released == ([] if superseded else [(old, 0)])
+    assert report.dropped == []
+    assert report.resolutions[(old, 0)].how == how
     run = tasks.status(old)["runs"][0]
     assert (run["state"], run["reasonResolved"]) == (state, reason)
-    assert tasks.artifact(old, 0, "public/superseded-by.json") == {"taskId": new, "runId": 0}
+    link = tasks.artifact(old, 0, "public/superseded-by.json")
+    assert link == ({"taskId": new, "runId": 0} if superseded else None)
     assert tasks.last_run(new)["state"] == "completed"
+
+
+@pytest.mark.parametrize("legacy", [False])
+async def test_auto_never_completes_a_superseded_task_that_has_dependents(
+    queue_emulator: QueueEmulator, options: Options, tasks: Tasks, superseder: Superseder
+) -> None:
+    old, new = tasks.create(), tasks.create()
+    leaf = tasks.create()
+    dependent = tasks.create(url="", dependencies=[old], routes=[])
+    superseder.lists["k"] = [old, leaf, new]
+    async with make_shim(queue_emulator, options) as shim:
+        execute = Held()
+        execute.release.set()
+        report = await (await start(shim, execute))
+
+    assert report.superseded == [(old, 0), (leaf, 0)]
+    assert report.resolutions[(old, 0)].how == "canceled"
+    assert "1 dependent waits for it" in report.resolutions[(old, 0)].why
+    assert (tasks.last_run(old)["state"], tasks.last_run(old)["reasonResolved"]) == (
+        "exception",
+        "canceled",
+    )
+    assert tasks.artifact(old, 0, "public/superseded-by.json") == {"taskId": new, "runId": 0}
+    assert tasks.status(dependent)["state"] == "unscheduled"
+    # Nothing depends on the other one: completed, as before.
+    assert report.resolutions[(leaf, 0)].how == "completed"
+    assert tasks.last_run(leaf)["state"] == "completed"
 
 
 async def test_legacy_queue_accepts_superseded_in_auto_mode(
@@ -270,3 +304,42 @@ async def test_legacy_queue_accepts_superseded_in_auto_mode(
     await (await start(shim, execute))
     assert shim.resolver.mode is SupersedeAs.AUTO
     assert tasks.last_run(old)["reasonResolved"] == "superseded"
+
+
+@pytest.mark.parametrize("legacy", [False])
+async def test_auto_releases_a_task_with_dependents_it_may_not_cancel(
+    queue_emulator: QueueEmulator, options: Options, tasks: Tasks, superseder: Superseder
+) -> None:
+    old, older, new = tasks.create(), tasks.create(), tasks.create()
+    for parent in (old, older):
+        tasks.create(url="", dependencies=[parent], routes=[])
+    superseder.lists["k"] = [older, old, new]
+    async with make_shim(queue_emulator, options) as shim:
+        worker_queue = NoCancelScope(shim.queue)
+        shim.resolver.superseding._worker_queue = worker_queue
+        execute = Held()
+        execute.release.set()
+        report = await (await start(shim, execute))
+
+        assert sorted(report.released) == sorted([(old, 0), (older, 0)])
+        assert report.superseded == report.dropped == []
+        assert worker_queue.refused  # asked once at least, then remembered
+        for task_id in (old, older):
+            assert "may not cancel" in report.resolutions[(task_id, 0)].why
+            assert tasks.status(task_id)["runs"][0]["reasonResolved"] == "worker-shutdown"
+            assert tasks.status(task_id)["runs"][1]["state"] == "pending"  # it runs itself
+            assert tasks.artifact(task_id, 0, "public/superseded-by.json") is None
+
+        # Known now: such tasks could only be released again, each time costing a retry. The
+        # next worker runs its task itself and claims neither the other nor anything newer.
+        newest = tasks.create()
+        superseder.lists["k"] = [older, old, newest]
+        again = Held()
+        again.release.set()
+        report = await (await start(shim, again))
+    initial, _ = report.primary
+    other = old if initial == older else older
+    assert report.primary == (initial, 1) and report.outcome == COMPLETED
+    assert report.superseded == report.released == []
+    assert [r["state"] for r in tasks.status(other)["runs"]] == ["exception", "pending"]
+    assert [r["state"] for r in tasks.status(newest)["runs"]] == ["pending"]

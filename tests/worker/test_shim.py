@@ -76,7 +76,7 @@ async def test_every_claim_succeeding_runs_the_newest(
         assert tasks.artifact(t, 0, "public/superseded-by.json") == {"taskId": ids[-1], "runId": 0}
 
 
-async def test_artifacts_come_before_each_resolution(
+async def test_superseded_by_follows_the_exception_and_supersedes_precedes_completion(
     queue_emulator: QueueEmulator,
     options: Options,
     tasks: Tasks,
@@ -105,10 +105,13 @@ async def test_artifacts_come_before_each_resolution(
         path = f"/api/queue/v1/task/{task_id}/runs/0/{tail}"
         return calls.index(f"{method} {path}")
 
-    assert first("POST", old, "artifacts/public/superseded-by.json") < first(
-        "POST", old, "exception"
+    # Only once the queue has taken reason 'superseded' does an artifact name the primary.
+    assert first("POST", old, "exception") < first(
+        "POST", old, "artifacts/public/superseded-by.json"
     )
-    assert first("POST", old, "exception") < first("POST", new, "artifacts/public/supersedes.json")
+    assert first("POST", old, "artifacts/public/superseded-by.json") < first(
+        "POST", new, "artifacts/public/supersedes.json"
+    )
     assert first("POST", new, "artifacts/public/supersedes.json") < first("POST", new, "completed")
 
 

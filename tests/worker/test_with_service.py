@@ -16,7 +16,7 @@ from coalescer.store import Store
 from coalescer.web.app import create_app
 from coalescer.worker import Claim, Options, Outcome, Superseded
 from coalescer.worker.protocol import COMPLETED
-from tests.worker.support import Tasks, claim_work, make_shim
+from tests.worker.support import DockerWorkerRules, Tasks, claim_work, make_shim
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +82,31 @@ async def test_the_service_answers_and_the_newest_task_runs(
     async with httpx.AsyncClient() as client:
         answer = (await client.get(url, params={"taskId": ids[0]})).json()
     assert answer["supersedes"] == [ids[0]]
+
+
+async def test_an_unmodified_docker_worker_runs_the_newest_task(
+    service: str,
+    settings: Settings,
+    queue_emulator: QueueEmulator,
+    tasks: Tasks,
+) -> None:
+    url = f"{service}/v1/docker-worker/build.linux"
+    ids = [tasks.create("build.linux", url=url) for _ in range(5)]
+    docker_worker = DockerWorkerRules(queue_emulator)
+    claim = await docker_worker.claim_work()
+    assert claim["status"]["taskId"] == ids[0]
+    # The service has seen the claimed task start: it is running, no longer pending.
+    queue_emulator.wait_for_message("task-running", ids[0])
+    await feed(service, queue_emulator, settings)
+
+    primary, secondaries = await docker_worker.run(claim)
+
+    assert primary == ids[-1]
+    assert secondaries == ids[-2::-1]
+    assert tasks.status(ids[-1])["state"] == "completed"
+    for task_id in ids[:-1]:
+        assert tasks.last_run(task_id)["reasonResolved"] == "superseded"
+        assert tasks.artifact(task_id, 0, "public/superseded-by.json") == {
+            "taskId": ids[-1],
+            "runId": 0,
+        }

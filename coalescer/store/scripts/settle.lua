@@ -1,19 +1,22 @@
 #!lua
 -- Record what the enforcer did about one victim, and acknowledge its outbox entry, atomically.
--- KEYS: v vp vx o h m rd df  (see keys.py; all under the key's hash tag)
+-- KEYS: v vp vx o h m rd df vn  (see keys.py; all under the key's hash tag)
 -- ARGV: entry_id|'' group victim expected_states new_state now_ms due_ms rule saved_kind
---       started_ms definition|'' cascaded_ids
+--       started_ms definition|'' cascaded_ids resolution|''
+-- `resolution` is `how|why`: how the victim's run was ended, and why (kept in `vn` as
+-- `run|how|why`, so that a later decision about a newer run does not show it).
 -- `expected_states` is a comma-separated list: the victim's state changes only from one of
 -- them (compare-and-set, so a late or repeated report cannot undo a newer decision).
 -- `due_ms` is when a held victim's claim must next be renewed. `saved_kind` ('pending',
 -- 'running' or '') estimates the worker time saved from the key's recent run durations.
 -- `cascaded_ids` (comma-separated) are dependents canceled with the victim: recorded too.
 -- Returns {1 if the state changed else 0, milliseconds saved}.
-local v, vp, vx, o, h, m, rd, df = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
-  KEYS[7], KEYS[8]
+local v, vp, vx, o, h, m, rd, df, vn = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+  KEYS[7], KEYS[8], KEYS[9]
 local entry, group, id, expected, new = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, due, rule, kind = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local started, definition, cascaded = tonumber(ARGV[10]), ARGV[11], ARGV[12]
+local resolution = ARGV[13]
 
 local function estimate()
   local samples = redis.call('LRANGE', rd, 0, -1)
@@ -60,11 +63,15 @@ if rec then
   if definition ~= '' then
     redis.call('HSET', df, id, definition)
   end
+  local run = head and string.match(head, '^([-%d]+)|') or -1
+  if resolution ~= '' then
+    redis.call('HSET', vn, id, run .. '|' .. resolution)
+  end
   local keep = redis.call('ZSCORE', vx, id)
   for dep in string.gmatch(cascaded, '[^,]+') do
     if redis.call('HEXISTS', v, dep) == 0 then
       redis.call('HSET', v, dep, table.concat(
-        {0, id, -1, now, rule, 'canceled', 'cascade', 'depends on superseded ' .. id}, '|'))
+        {0, id, run, now, rule, 'canceled', 'cascade', 'depends on superseded ' .. id}, '|'))
       redis.call('ZADD', vp, 0, id .. '|' .. dep)
       if keep then
         redis.call('ZADD', vx, keep, dep)
@@ -74,7 +81,7 @@ if rec then
   end
   local ttl = redis.call('PTTL', v)
   if ttl > 0 then
-    for _, k in ipairs({df, h, m}) do
+    for _, k in ipairs({df, vn, h, m}) do
       if redis.call('PTTL', k) < ttl and redis.call('EXISTS', k) == 1 then
         redis.call('PEXPIRE', k, ttl)
       end

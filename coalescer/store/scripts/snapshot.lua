@@ -1,10 +1,10 @@
 -- Read what one superseding query needs, in one round trip.
 -- KEYS: t p w d
 -- ARGV: initial_taskId (or '') now_ms cap (-1: no cap)
--- Returns {pending_count, oldest_since_ms|false, newer, id1, id2, ...}: the newest `cap`
--- pending taskIds, newest first, and `newer`, how many pending tasks (other than the initial
--- one) come after the initial task in the key's order, or -1 when the index does not know the
--- initial task. Pending tasks past their deadline are dropped first: the queue has resolved
+-- Returns {pending_count, oldest_since_ms|false, newer, rank, id1, id2, ...}: the newest `cap`
+-- pending taskIds, newest first; `newer`, how many pending tasks (other than the initial one)
+-- come after the initial task in the key's order, or -1 when the index does not know the
+-- initial task; `rank`, the state rank of the initial task's newest known run (0: unknown). Pending tasks past their deadline are dropped first: the queue has resolved
 -- them, whether or not that event has arrived.
 local t, p, w, d = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local initial, now, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -15,7 +15,7 @@ for _, old in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', 0, 256
   redis.call('ZREM', d, old)
 end
 
-local out = {redis.call('ZCARD', p), false, -1}
+local out = {redis.call('ZCARD', p), false, -1, 0}
 local oldest = redis.call('ZRANGE', w, 0, 0, 'WITHSCORES')
 if oldest[2] then
   out[2] = oldest[2]
@@ -26,7 +26,7 @@ if initial ~= '' then
   if cur then
     -- Counted, not read from scores: Redis formats every score it returns, which would cost
     -- more than the rest of the script.
-    local mine = string.match(cur, '^%d+|%d+|([^|]*)|')
+    local rank, mine = string.match(cur, '^%d+|(%d+)|([^|]*)|')
     local newer = redis.call('ZCOUNT', p, '(' .. mine, '+inf')
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', p, mine, mine)) do
       if id > initial then
@@ -34,6 +34,7 @@ if initial ~= '' then
       end
     end
     out[3] = newer
+    out[4] = tonumber(rank)
   end
 end
 
@@ -43,6 +44,6 @@ if cap < 0 then
 end
 local newest = redis.call('ZREVRANGE', p, 0, stop)
 for i = 1, #newest do
-  out[i + 3] = newest[i]
+  out[i + 4] = newest[i]
 end
 return out

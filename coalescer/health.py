@@ -179,10 +179,12 @@ class Supervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                _still_cancelled(exc)
                 delay = min(delay * 2, MAX_BACKOFF)
                 self._failed(state, exc, throttled, "failed; next try in", delay)
             else:
                 state.failures, state.last_ok, delay = 0, time.time(), seconds
+            _still_cancelled(None)
             await asyncio.sleep(delay)
 
     async def _service(self, name: str, run: Callable[[], Awaitable[object]]) -> None:
@@ -202,6 +204,7 @@ class Supervisor:
                 log.error("background task %s stopped: %s", name, exc)
                 return
             except Exception as exc:
+                _still_cancelled(exc)
                 if time.monotonic() - started > MAX_BACKOFF:
                     delay = 1.0  # it ran a while: start backing off afresh
                 self._failed(state, exc, throttled, "stopped; restarting in", delay)
@@ -220,6 +223,14 @@ class Supervisor:
             throttled.log(logging.WARNING, "%s %s %.0f s: %s", state.name, what, delay, exc)
         else:
             log.error("%s %s %.0f s", state.name, what, delay, exc_info=exc)
+
+
+def _still_cancelled(exc: Exception | None) -> None:
+    """A cancel that a library swallowed or turned into another error (redis-py drops the
+    connection of a command cancelled mid-flight) is still a cancel: stop, don't go on."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
 
 
 async def watch_store(store: Store, health: Health) -> None:

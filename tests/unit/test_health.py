@@ -163,3 +163,21 @@ def test_the_health_report_says_what_is_wrong() -> None:
     assert "noeviction" in report["details"]["eviction"]
     assert "reconcile --rebuild" in report["details"]["index"]
     assert len(health.alerts()) == 3
+
+
+async def test_stop_ends_a_job_whose_library_turns_the_cancel_into_another_error() -> None:
+    """redis-py answers a command cancelled mid-flight with a connection error: the supervisor
+    must still stop, not sleep and try again."""
+    supervisor = Supervisor(Health())
+    started = asyncio.Event()
+
+    async def job() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise StoreUnavailable("Redis connection lost: cancelled") from None
+
+    supervisor.every("job", 30.0, job)
+    await started.wait()
+    await asyncio.wait_for(supervisor.stop(), 5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 import time
@@ -93,7 +94,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(str(exc)) from exc
     configs = [runner.Config(False), *(c for c in configs if c.supersede)]
     workers, default = parse_workers(args.workers)
-    history = _history(args, workers, default)
+    history = _history(args, settings, workers, default)
     started = time.monotonic()
     outcomes = asyncio.run(_run(history, configs, args.redis_url, settings))
     seconds = time.monotonic() - started
@@ -113,10 +114,39 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _history(args: argparse.Namespace, workers: dict[str, int], default: int | None) -> History:
-    from coalescer.replay import synthetic
+def _history(
+    args: argparse.Namespace, settings: Settings, workers: dict[str, int], default: int | None
+) -> History:
+    from coalescer.replay import sources, synthetic
 
+    prefix, rank_tag = settings.route_prefix, settings.rank_tag
     try:
+        if args.events:
+            with open(args.events, "rb") as lines:
+                return sources.from_events(
+                    sources.read_events(lines),
+                    prefix=prefix,
+                    rank_tag=rank_tag,
+                    workers=workers,
+                    default_workers=default,
+                    source=f"recorded events ({Path(args.events).name})",
+                )
+        if args.task_group:
+            import taskcluster
+
+            if not settings.taskcluster_root_url:
+                raise ConfigError("--task-group needs TASKCLUSTER_ROOT_URL")
+            queue = taskcluster.Queue(
+                {"rootUrl": settings.taskcluster_root_url, **taskcluster.optionsFromEnvironment()}
+            )
+            return sources.from_task_groups(
+                queue,
+                args.task_group,
+                prefix=prefix,
+                rank_tag=rank_tag,
+                workers=workers,
+                default_workers=default,
+            )
         spec = synthetic.Synthetic(
             hours=args.hours,
             pushes_per_hour=args.pushes_per_hour,
@@ -128,7 +158,10 @@ def _history(args: argparse.Namespace, workers: dict[str, int], default: int | N
             test_workers=args.test_workers,
             seed=args.seed,
         )
-        return synthetic.generate(spec)
+        history = synthetic.generate(spec)
+        return dataclasses.replace(history, workers={**history.workers, **workers})
+    except OSError as exc:
+        raise ConfigError(f"cannot read {args.events}: {exc.strerror}") from exc
     except InvalidInput as exc:
         raise ConfigError(str(exc)) from exc
 

@@ -47,8 +47,8 @@ def register(sub: Any) -> None:
     synth.add_argument("--suites", type=int, default=3, help="tests per build (3)")
     synth.add_argument("--build-minutes", type=float, default=30.0, help="median build (30)")
     synth.add_argument("--test-minutes", type=float, default=12.0, help="median test (12)")
-    synth.add_argument("--build-workers", type=int, default=6, help="per build queue (6)")
-    synth.add_argument("--test-workers", type=int, default=12, help="per test queue (12)")
+    synth.add_argument("--build-workers", type=int, default=5, help="per build queue (5)")
+    synth.add_argument("--test-workers", type=int, default=6, help="per test queue (6)")
     synth.add_argument("--seed", type=int, default=0, help="random seed (0)")
     p.add_argument(
         "--config",

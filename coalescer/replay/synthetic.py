@@ -38,8 +38,8 @@ class Synthetic:
     test_minutes: float = 12.0
     #: Spread of run times: the log-normal's sigma.
     spread: float = 0.3
-    build_workers: int = 6
-    test_workers: int = 12
+    build_workers: int = 5
+    test_workers: int = 6
     deadline_hours: float = 24.0
     seed: int = 0
 

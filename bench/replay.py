@@ -3,7 +3,8 @@
 A synthetic history (two platforms, a build and three tests each per push, 60 pushes an hour at
 the daily peak, a pool sized to back up at peak) is replayed under ``off``,
 ``age=3600,size=5``, ``age=600,size=2`` and ``on-claim``, concurrently, through Redis
-(``REDIS_URL``; ``scripts/with_services.py`` starts one), as ``coalescer replay`` does. Prints
+(``--redis-url``, ``REDIS_URL`` or ``COALESCER_TEST_REDIS_URL``, which
+``scripts/with_services.py`` sets), as ``coalescer replay`` does. Prints
 the wall time of the replay (generation and metrics apart) and each configuration's figures.
 
     .venv/bin/python scripts/with_services.py .venv/bin/python bench/replay.py [--tasks 100000]
@@ -25,7 +26,10 @@ CONFIGS = ("off", "age=3600,size=5", "age=600,size=2", "on-claim")
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=100_000)
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL") or os.environ.get("COALESCER_TEST_REDIS_URL"),
+    )
     args = parser.parse_args()
     pushes = args.tasks / 8
     mean_rate = 60 * sum(synthetic.DAILY) / 24

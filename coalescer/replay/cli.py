@@ -55,8 +55,9 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="C",
-        help="off, on-claim, or age=SECONDS,size=N (tc-coalesce's thresholds); repeatable; "
-        "off is always replayed first, as the baseline (default: off, age=3600,size=5, on-claim)",
+        help="off; on-claim or latest-wins, optionally with ,age=SECONDS,size=N (tc-coalesce's "
+        "thresholds); or age=SECONDS,size=N alone (on claim); repeatable; off is always "
+        "replayed first, as the baseline (default: off, age=3600,size=5, on-claim)",
     )
     p.add_argument(
         "--workers",

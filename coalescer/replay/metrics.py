@@ -46,6 +46,8 @@ class Summary:
     deadline_exceeded: int
     never_scheduled: int
     asked: int
+    #: Decisions on arrival (latest-wins) whose victim a worker had claimed first.
+    decisions_missed: int
     pending_p95_s: float | None
     ttr_p50_s: float | None
     ttr_p95_s: float | None
@@ -103,6 +105,7 @@ def summarize(history: History, name: str, out: Outcome, baseline_hours: float |
         deadline_exceeded=sum(1 for s in states if s == State.DEADLINE),
         never_scheduled=sum(1 for s in states if s == State.WAITING),
         asked=out.asked,
+        decisions_missed=out.missed,
         pending_p95_s=percentile(pending_waits, 0.95),
         ttr_p50_s=percentile(all_ttr, 0.5),
         ttr_p95_s=percentile(all_ttr, 0.95),

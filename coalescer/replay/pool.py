@@ -47,6 +47,9 @@ class Index(Protocol):
     async def ask(self, task: TaskSpec, now_ms: int) -> list[str]:
         """The ``supersedes`` list for ``task`` (oldest first, ``task`` included)."""
 
+    async def decisions(self, now_ms: int) -> list[tuple[str, str]]:
+        """``(victim, primary)`` decided on arrival since the last call (a policy's)."""
+
 
 @dataclasses.dataclass(slots=True)
 class Outcome:
@@ -61,6 +64,8 @@ class Outcome:
     #: ``(time_ms, pending tasks)`` after every instant the backlog changed.
     backlog: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     asked: int = 0
+    #: Decisions on arrival whose victim was no longer pending.
+    missed: int = 0
 
 
 # Event kinds, in the order they are handled at one instant: runs end (freeing workers and
@@ -120,6 +125,9 @@ class Pool:
                     self._finish(now, *arg)  # type: ignore[misc]
                 else:
                     self._pending(now, arg)  # type: ignore[arg-type]
+            if self.index is not None:
+                for victim, primary in await self.index.decisions(now):
+                    self._supersede_pending(now, self.pos[victim], self.pos[primary])
             await self._dispatch(now)
             self._sample(now)
         self.progress(sum(1 for s in self.out.state if s not in RESOLVED))  # never resolved
@@ -159,6 +167,15 @@ class Pool:
         self.out.resolved_ms[i] = now
         self.out.by[i] = by
         self.progress(1)
+
+    def _supersede_pending(self, now: int, victim: int, primary: int) -> None:
+        """A decision on arrival: the enforcer claims the pending victim and resolves it."""
+        if self.out.state[victim] != State.PENDING:
+            self.out.missed += 1  # a worker claimed it first
+            return
+        self._leave(victim, State.SUPERSEDED, now)
+        self._resolve(victim, State.SUPERSEDED, now, by=primary)
+        self._record(victim, "exception", now, "superseded")
 
     async def _dispatch(self, now: int) -> None:
         for queue, heap in self.queues.items():

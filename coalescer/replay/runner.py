@@ -19,9 +19,11 @@ from collections.abc import Callable, Sequence
 
 from coalescer import model
 from coalescer.errors import InvalidInput
+from coalescer.policy import Policy, rules
 from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, Pool
 from coalescer.store import Store
+from coalescer.store import policy as policy_store
 from coalescer.store.replay import apply_and_ask
 
 #: The service's default cap on an answer's length.
@@ -30,13 +32,15 @@ CAP = 32
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
-    """One way to run the pool: no superseding, or the protocol with tc-coalesce's thresholds
-    (supersede only when more than ``size`` tasks are pending and the oldest waited more than
-    ``age`` seconds)."""
+    """One way to run the pool: no superseding; the protocol on claim, with tc-coalesce's
+    thresholds (supersede only when more than ``size`` tasks are pending and the oldest waited
+    more than ``age`` seconds); or the ``latest-wins`` policy, deciding on arrival, with the
+    same thresholds."""
 
     supersede: bool
     age: int | None = None
     size: int | None = None
+    latest_wins: bool = False
 
     @property
     def name(self) -> str:
@@ -44,26 +48,36 @@ class Config:
             return "off"
         age = "" if self.age is None else f" age>{self.age}s"
         size = "" if self.size is None else f" size>{self.size}"
+        if self.latest_wins:
+            return "latest-wins" + age + size
         return "on-claim" + (age + size or " always")
 
     @classmethod
     def parse(cls, text: str) -> Config:
-        """``off``, ``on-claim`` (no thresholds) or ``age=S,size=N`` (either may be left out)."""
-        text = text.strip()
-        if text == "off":
+        """``off``; ``on-claim`` or ``latest-wins``, each optionally followed by
+        ``,age=S,size=N``; or ``age=S,size=N`` alone (on claim). Either threshold may be left
+        out."""
+        parts = [p.strip() for p in text.split(",")]
+        if parts == ["off"]:
             return cls(False)
-        if text in ("on-claim", "always"):
-            return cls(True)
+        latest = parts[0] == "latest-wins"
+        if parts[0] in ("on-claim", "latest-wins"):
+            parts = parts[1:]
         found: dict[str, int] = {}
-        for part in text.split(","):
-            m = re.fullmatch(r"\s*(age|size)\s*=\s*(\d+)\s*", part)
+        for part in parts:
+            m = re.fullmatch(r"(age|size)\s*=\s*(\d+)", part)
             if not m or m.group(1) in found:
                 raise InvalidInput(
-                    f"bad configuration {text!r}: use off, on-claim, or age=SECONDS,size=N "
-                    "(e.g. age=3600,size=5)"
+                    f"bad configuration {text!r}: use off, on-claim or latest-wins, optionally "
+                    "with age=SECONDS,size=N (e.g. age=3600,size=5)"
                 )
             found[m.group(1)] = int(m.group(2))
-        return cls(True, found.get("age"), found.get("size"))
+        return cls(True, found.get("age"), found.get("size"), latest)
+
+    def policy(self) -> Policy:
+        rule: dict[str, object] = {"name": "replay", "keys": "**", "strategy": "latest-wins"}
+        rule |= {k: v for k, v in (("age", self.age), ("size", self.size)) if v is not None}
+        return rules.parse({"rules": [rule]}, "replay")
 
 
 class StoreIndex:
@@ -80,7 +94,7 @@ class StoreIndex:
         return tuple(self.namespace + k for k in task.keys)
 
     def record(self, task: TaskSpec, state: str, at_ms: int, since_ms: int, reason: str) -> None:
-        if state not in ("pending", "running"):
+        if state not in ("pending", "running") and not self.config.latest_wins:
             return  # a resolution changes no answer: the task left the pending set when claimed
         keys = self.key(task)
         self.buffer.append(
@@ -94,6 +108,7 @@ class StoreIndex:
                 pending_since_ms=since_ms,
                 reason=reason,
                 started_ms=at_ms if state == "running" else 0,
+                resolved_ms=at_ms if state not in ("pending", "running") else 0,
             )
         )
         for k in keys:
@@ -113,10 +128,54 @@ class StoreIndex:
         )
         return answer
 
+    async def decisions(self, now_ms: int) -> list[tuple[str, str]]:
+        """Nothing is decided on arrival on claim."""
+        return []
+
     async def forget(self) -> None:
         for key, ids in self.used.items():
             await self.store.forget(key, sorted(ids))
             await self.store.forget_key(key)
+
+
+class PolicyIndex(StoreIndex):
+    """A ``latest-wins`` configuration: every event goes through :meth:`Store.apply` with the
+    policy, so ``decide.lua`` decides as the service does; its decisions, read from the keys'
+    outboxes, are carried out at once, as an enforcer without lag would."""
+
+    def __init__(self, store: Store, namespace: str, config: Config) -> None:
+        super().__init__(store, namespace, config)
+        self.policy = _Namespaced(config.policy(), namespace)
+
+    async def _flush(self, now_ms: int) -> set[str]:
+        events, self.buffer = self.buffer, []
+        if events:
+            await self.store.apply(events, now_ms=now_ms, policy=self.policy)
+        return {k for ev in events for k in ev.keys}
+
+    async def ask(self, task: TaskSpec, now_ms: int) -> list[str]:
+        await self._flush(now_ms)
+        return await super().ask(task, now_ms)
+
+    async def decisions(self, now_ms: int) -> list[tuple[str, str]]:
+        out = []
+        touched = sorted(await self._flush(now_ms))
+        waiting = await policy_store.outstanding(self.store, touched)
+        for key in (k for k in touched if waiting[k][0]):
+            for entry in await policy_store.read(self.store, key, "replay"):
+                out.append((entry.victim, entry.primary))
+                await policy_store.ack(self.store, key, entry.id)
+        return out
+
+
+class _Namespaced:
+    """A policy for namespaced keys: each key gets the rule of its name without the prefix."""
+
+    def __init__(self, policy: Policy, namespace: str) -> None:
+        self.inner, self.namespace = policy, namespace
+
+    def script_args(self, key: str) -> list[str | int] | None:
+        return self.inner.script_args(key.removeprefix(self.namespace))
 
 
 async def replay(
@@ -131,7 +190,10 @@ async def replay(
     run = uuid.uuid4().hex[:8]
 
     async def one(n: int, config: Config) -> Outcome:
-        index = StoreIndex(store, f"replay.{run}.{n}.", config) if config.supersede else None
+        index: StoreIndex | None = None
+        if config.supersede:
+            kind = PolicyIndex if config.latest_wins else StoreIndex
+            index = kind(store, f"replay.{run}.{n}.", config)
         try:
             return await Pool(history, index, seed=seed, progress=progress).run()
         finally:

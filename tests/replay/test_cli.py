@@ -12,6 +12,8 @@ import orjson
 import pytest
 
 from coalescer.cli import main
+from coalescer.errors import InvalidInput
+from coalescer.replay.runner import Config
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.integration
@@ -99,3 +101,24 @@ def test_bad_arguments_exit_2_with_one_line(
     assert main(["replay", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("off", "off"),
+        ("on-claim", "on-claim always"),
+        ("age=3600,size=5", "on-claim age>3600s size>5"),
+        ("on-claim, size=2", "on-claim size>2"),
+        ("latest-wins", "latest-wins"),
+        ("latest-wins,age=600", "latest-wins age>600s"),
+    ],
+)
+def test_configurations_are_named_by_what_they_do(text: str, name: str) -> None:
+    assert Config.parse(text).name == name
+
+
+@pytest.mark.parametrize("text", ["age=1,age=2", "latest", "off,size=1", "size=-1", ""])
+def test_malformed_configurations_are_refused(text: str) -> None:
+    with pytest.raises(InvalidInput, match="bad configuration"):
+        Config.parse(text)

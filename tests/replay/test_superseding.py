@@ -67,6 +67,23 @@ def test_the_worker_runs_the_newest_listed_task_and_supersedes_the_others() -> N
     assert on.worker_ms == off.worker_ms - 20 * 60_000
 
 
+def test_latest_wins_supersedes_on_arrival_through_the_policy_decisions() -> None:
+    h = history(*BACKLOG)
+    (out,) = run(h, Config(True, latest_wins=True))
+    assert states(h, out) == {
+        "busy": "completed",
+        "a": "superseded",
+        "b": "superseded",
+        "c": "completed",
+        "d": "completed",
+    }
+    ids = [t.task_id for t in h.tasks]
+    # Each older task went as the next one arrived: a chain a → b → c.
+    assert [ids[out.by[ids.index(v)]] for v in ("a", "b")] == ["b", "c"]
+    assert [minutes(out.resolved_ms[ids.index(v)]) for v in ("a", "b")] == [2, 3]
+    assert out.missed == 0
+
+
 def test_thresholds_hold_superseding_back_until_exceeded() -> None:
     h = history(*BACKLOG)
     # When a is claimed (minute 60), b and c are pending, b since minute 2; when b is claimed
@@ -149,10 +166,12 @@ def check(h: History, out: Outcome, config: Config) -> None:
         assert s in RESOLVED or (s == State.WAITING and out.pending_ms[i] == -1)
         if s == State.SUPERSEDED:
             mine, theirs = h.tasks[i], h.tasks[out.by[i]]
-            assert out.state[out.by[i]] in (State.COMPLETED, State.FAILED)
-            assert mine.task_queue == theirs.task_queue and mine.keys == theirs.keys
             assert (theirs.order, theirs.task_id) > (mine.order, mine.task_id)
-            assert out.resolved_ms[i] == out.resolved_ms[out.by[i]]
+            assert set(mine.keys) & set(theirs.keys)
+            if not config.latest_wins:  # the worker's primary ran, on the same queue, keys
+                assert out.state[out.by[i]] in (State.COMPLETED, State.FAILED)
+                assert mine.task_queue == theirs.task_queue and mine.keys == theirs.keys
+                assert out.resolved_ms[i] == out.resolved_ms[out.by[i]]
     if not config.supersede:
         assert State.SUPERSEDED not in out.state
     assert (
@@ -166,6 +185,11 @@ def check(h: History, out: Outcome, config: Config) -> None:
 def test_no_wrong_winner_and_no_lost_task_on_random_histories(
     h: History, size: int | None, age: int | None
 ) -> None:
-    configs: Sequence[Config] = (Config(False), Config(True), Config(True, age=age, size=size))
+    configs: Sequence[Config] = (
+        Config(False),
+        Config(True),
+        Config(True, age=age, size=size),
+        Config(True, age=age, size=size, latest_wins=True),
+    )
     for config, out in zip(configs, run(h, *configs), strict=True):
         check(h, out, config)

@@ -18,13 +18,13 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from coalescer import model
-from coalescer.errors import InvalidInput
+from coalescer.errors import ConfigError, InvalidInput
 from coalescer.policy import Policy, rules
 from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, Pool
 from coalescer.store import Store
 from coalescer.store import policy as policy_store
-from coalescer.store.replay import apply_and_ask
+from coalescer.store.replay import apply_and_ask, drop, holds_nothing
 
 #: The service's default cap on an answer's length.
 CAP = 32
@@ -88,7 +88,7 @@ class StoreIndex:
         self.namespace = namespace
         self.config = config
         self.buffer: list[model.TaskEvent] = []
-        self.used: dict[str, set[str]] = {}
+        self.used: set[str] = set()
 
     def key(self, task: TaskSpec) -> tuple[str, ...]:
         return tuple(self.namespace + k for k in task.keys)
@@ -111,8 +111,7 @@ class StoreIndex:
                 resolved_ms=at_ms if state not in ("pending", "running") else 0,
             )
         )
-        for k in keys:
-            self.used.setdefault(k, set()).add(task.task_id)
+        self.used.update(keys)
 
     async def ask(self, task: TaskSpec, now_ms: int) -> list[str]:
         events, self.buffer = self.buffer, []
@@ -133,9 +132,7 @@ class StoreIndex:
         return []
 
     async def forget(self) -> None:
-        for key, ids in self.used.items():
-            await self.store.forget(key, sorted(ids))
-            await self.store.forget_key(key)
+        await drop(self.store, sorted(self.used))
 
 
 class PolicyIndex(StoreIndex):
@@ -186,7 +183,17 @@ async def replay(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> list[Outcome]:
-    """Replay ``history`` once per configuration, concurrently; outcomes in ``configs`` order."""
+    """Replay ``history`` once per configuration, concurrently; outcomes in ``configs`` order.
+
+    ``latest-wins`` needs the embedded store or an empty database: its decisions go through the
+    outbox that a live ``coalescer enforce`` would carry out on the real queue.
+    """
+    if any(c.latest_wins for c in configs) and not store.embedded:
+        if not await holds_nothing(store):
+            raise ConfigError(
+                "latest-wins replays write decisions to the outbox that a live enforcer carries "
+                "out: replay it on the embedded store or on an empty Redis database"
+            )
     run = uuid.uuid4().hex[:8]
 
     async def one(n: int, config: Config) -> Outcome:

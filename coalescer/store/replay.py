@@ -18,6 +18,34 @@ from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
 from coalescer.store.redis import Store, decode_snapshot
 
 
+async def holds_nothing(store: Store) -> bool:
+    """Whether the store's database holds no key at all (a scratch database)."""
+    (size,) = await store._pipeline(lambda pipe: pipe.dbsize())
+    return int(size) == 0
+
+
+async def drop(store: Store, names: Sequence[str]) -> None:
+    """Delete everything held for coalescing keys ``names`` (their index, logs and policy
+    data), and unlist them, in one round trip."""
+
+    def fill(pipe: Any) -> None:
+        for key in names:
+            pipe.delete(
+                *keys.group(key),
+                keys.log(key),
+                keys.resolutions(key),
+                *keys.answered(key),
+                *keys.settled(key),
+                *keys.policy(key)[3:5],
+                keys.lease(key),
+            )
+        pipe.zrem(keys.KEYS_INDEX, *names)
+        pipe.zrem(keys.OUTBOX, *names)
+
+    if names:
+        await store._pipeline(fill)
+
+
 def _apply_args(ev: model.TaskEvent, key: str, now_ms: int, grace_ms: int) -> list[Any]:
     return [
         *keys.group(key),

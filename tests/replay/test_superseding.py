@@ -12,11 +12,13 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from coalescer.errors import ConfigError
 from coalescer.replay.history import History
 from coalescer.replay.metrics import summarize
 from coalescer.replay.pool import RESOLVED, Outcome, State
 from coalescer.replay.runner import Config, replay
 from coalescer.store import open_store
+from coalescer.store.replay import holds_nothing
 from tests.conftest import REDIS_URL
 from tests.replay.support import history, minutes, task
 
@@ -28,7 +30,7 @@ def run(h: History, *configs: Config) -> list[Outcome]:
         store = await open_store(REDIS_URL, grace_seconds=3600)
         try:
             outcomes = await replay(h, configs, store)
-            assert await store.keys() == []  # each configuration's namespace is forgotten
+            assert await holds_nothing(store)  # each configuration's namespace is dropped
             return outcomes
         finally:
             await store.close()
@@ -82,6 +84,21 @@ def test_latest_wins_supersedes_on_arrival_through_the_policy_decisions() -> Non
     assert [ids[out.by[ids.index(v)]] for v in ("a", "b")] == ["b", "c"]
     assert [minutes(out.resolved_ms[ids.index(v)]) for v in ("a", "b")] == [2, 3]
     assert out.missed == 0
+
+
+def test_latest_wins_refuses_a_database_that_holds_anything() -> None:
+    async def go() -> None:
+        store = await open_store(REDIS_URL, grace_seconds=3600)
+        try:
+            await store.count({"unrelated": 1})
+            with pytest.raises(ConfigError, match="empty Redis database"):
+                await replay(history(*BACKLOG), [Config(True, latest_wins=True)], store)
+            assert await replay(history(*BACKLOG), [Config(True)], store)  # on claim is fine
+        finally:
+            await store.client.flushdb()
+            await store.close()
+
+    asyncio.run(go())
 
 
 def test_thresholds_hold_superseding_back_until_exceeded() -> None:

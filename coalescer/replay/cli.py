@@ -105,7 +105,10 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         summaries.append(metrics.summarize(history, config.name, outcome, base))
     result = report.Report(history, tuple(summaries), seconds)
     if args.html:
-        Path(args.html).write_text(report.html(result))
+        try:
+            Path(args.html).write_text(report.html(result))
+        except OSError as exc:
+            raise ConfigError(f"cannot write {args.html}: {exc.strerror}") from exc
     if args.json:
         sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:

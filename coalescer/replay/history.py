@@ -42,15 +42,18 @@ class TaskSpec:
     resolved_ms: int = 0
 
 
-#: Taskcluster's priorities, highest first, as numbers the pool model can compare.
+#: Taskcluster's priorities as numbers the pool model compares, highest first (``normal`` is
+#: an old name of ``lowest``).
 PRIORITIES = {
-    name: rank
-    for rank, name in enumerate(
-        reversed(["highest", "very-high", "high", "medium", "low", "very-low", "lowest", "normal"])
-    )
+    "highest": 7,
+    "very-high": 6,
+    "high": 5,
+    "medium": 4,
+    "low": 3,
+    "very-low": 2,
+    "lowest": 1,
+    "normal": 1,
 }
-# ``normal`` is an alias for ``lowest``.
-PRIORITIES["normal"] = PRIORITIES["lowest"]
 
 
 def priority_rank(name: str) -> int:

@@ -69,7 +69,8 @@ class Outcome:
 
 
 # Event kinds, in the order they are handled at one instant: runs end (freeing workers and
-# scheduling dependents), then tasks arrive, then idle workers claim.
+# scheduling dependents), then tasks arrive; then decisions on arrival are carried out, and
+# idle workers claim.
 _FINISH, _ARRIVE = 0, 1
 
 
@@ -120,7 +121,7 @@ class Pool:
         while events:
             now = events[0][0]
             while events and events[0][0] == now:
-                _, _, kind, arg = heapq.heappop(events)
+                _, kind, _, arg = heapq.heappop(events)
                 if kind == _FINISH:
                     self._finish(now, *arg)  # type: ignore[misc]
                 else:
@@ -136,7 +137,7 @@ class Pool:
     # -- the pieces ---------------------------------------------------------------------
     def _at(self, when: int, kind: int, arg: object) -> None:
         self.seq += 1
-        heapq.heappush(self.events, (when, self.seq, kind, arg))
+        heapq.heappush(self.events, (when, kind, self.seq, arg))
 
     def _sample(self, now: int) -> None:
         backlog = self.out.backlog

@@ -1,4 +1,5 @@
-"""The store's side of ``coalescer replay``: events and a question in one round trip.
+"""The store's side of ``coalescer replay``: events and a question in one round trip, and a
+replay's keys deleted when it is done.
 
 A replay asks the index once for every task a modelled worker claims, after telling it what
 happened since the last question. Both go in one round trip: ``apply.lua`` for every (event,

@@ -56,7 +56,7 @@ def duration(seconds: float | None) -> str:
 #: The table's rows: a label and how to show a summary's figure.
 ROWS: tuple[tuple[str, Any], ...] = (
     ("worker-hours", lambda s: f"{s.worker_hours:,.1f}"),
-    ("saved", lambda s: f"{s.saved_hours:,.1f}h {s.saved_share:.0%}"),
+    ("saved", lambda s: f"{s.saved_hours:,.1f}h {s.saved_share:.0%}" if s.saved_hours else "-"),
     ("tasks run", lambda s: f"{s.run:,}"),
     ("superseded", lambda s: f"{s.superseded:,}"),
     ("dependents never scheduled", lambda s: f"{s.never_scheduled:,}"),

@@ -55,9 +55,9 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="C",
-        help="off; on-claim or latest-wins, optionally with ,age=SECONDS,size=N (tc-coalesce's "
-        "thresholds); or age=SECONDS,size=N alone (on claim); repeatable; off is always "
-        "replayed first, as the baseline (default: off, age=3600,size=5, on-claim)",
+        help="off; on-claim, latest-wins or first-wins, optionally with ,age=SECONDS,size=N "
+        "(tc-coalesce's thresholds); or age=SECONDS,size=N alone (on claim); repeatable; off "
+        "is always replayed first, as the baseline (default: off, age=3600,size=5, on-claim)",
     )
     p.add_argument(
         "--workers",
@@ -102,7 +102,9 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     summaries: list[metrics.Summary] = []
     for config, outcome in zip(configs, outcomes, strict=True):
         base = summaries[0].worker_hours if summaries else None
-        summaries.append(metrics.summarize(history, config.name, outcome, base))
+        summaries.append(
+            metrics.summarize(history, config.name, outcome, base, newest_wins=config.newest_wins)
+        )
     result = report.Report(history, tuple(summaries), seconds)
     if args.html:
         try:

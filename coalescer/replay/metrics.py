@@ -6,7 +6,8 @@
   pushes got no result of their own;
 * pending time (p95), the makespan and the backlog over time;
 * two numbers that must be 0: wrong winners (a task superseded by one that is not newer in its
-  key's order) and lost tasks (became pending, then neither ran nor resolved).
+  key's order; under ``first-wins``, neither older nor running) and lost tasks (became pending, then neither
+  ran nor resolved).
 """
 
 from __future__ import annotations
@@ -75,7 +76,16 @@ class Summary:
         return doc
 
 
-def summarize(history: History, name: str, out: Outcome, baseline_hours: float | None) -> Summary:
+def summarize(
+    history: History,
+    name: str,
+    out: Outcome,
+    baseline_hours: float | None,
+    *,
+    newest_wins: bool = True,
+) -> Summary:
+    """The figures of one configuration; ``newest_wins`` is False for ``first-wins``, where
+    a task is rightly superseded by an older one, or by one already running."""
     tasks = history.tasks
     start = tasks[0].scheduled_ms
     states = out.state
@@ -83,8 +93,14 @@ def summarize(history: History, name: str, out: Outcome, baseline_hours: float |
     for i, by in enumerate(out.by):
         if by >= 0:
             mine, theirs = tasks[i], tasks[by]
-            shared = set(mine.keys) & set(theirs.keys)
-            if not shared or (theirs.order, theirs.task_id) <= (mine.order, mine.task_id):
+            newer = (theirs.order, theirs.task_id) > (mine.order, mine.task_id)
+            if newest_wins:
+                right = newer
+            else:  # first-wins: an older task, or one that was already running
+                at = out.resolved_ms[i]
+                running = 0 <= out.left_ms[by] <= at and not 0 <= out.resolved_ms[by] < at
+                right = not newer or running
+            if not right or not set(mine.keys) & set(theirs.keys):
                 wrong += 1
     lost = sum(1 for i, s in enumerate(states) if out.pending_ms[i] >= 0 and s not in RESOLVED)
     pending_waits = [

@@ -39,7 +39,10 @@ RESOLVED = frozenset({State.COMPLETED, State.FAILED, State.SUPERSEDED, State.DEA
 
 
 class Index(Protocol):
-    """The superseder as a worker sees it: told every task transition, asked on each claim."""
+    """The superseder as a worker sees it: told every task transition, asked on each claim
+    (when ``asks_on_claim``), and deciding on arrival (a policy)."""
+
+    asks_on_claim: bool
 
     def record(self, task: TaskSpec, state: str, at_ms: int, since_ms: int, reason: str) -> None:
         """A task event, in the order they happen (``since_ms``: when it became pending)."""
@@ -197,7 +200,7 @@ class Pool:
         self._leave(i, State.RUNNING, now)
         self._record(i, "running", now)
         held = [i]
-        if self.index is not None and task.keys:
+        if self.index is not None and self.index.asks_on_claim and task.keys:
             answer = await self.index.ask(task, now)
             self.out.asked += 1
             if task.task_id not in answer:  # unusable, as the shim judges it: run alone

@@ -30,17 +30,30 @@ from coalescer.store.replay import apply_and_ask, drop, holds_nothing
 CAP = 32
 
 
+#: Superseding policy strategies a configuration may replay (decided on arrival).
+POLICIES = ("latest-wins", "first-wins")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     """One way to run the pool: no superseding; the protocol on claim, with tc-coalesce's
     thresholds (supersede only when more than ``size`` tasks are pending and the oldest waited
-    more than ``age`` seconds); or the ``latest-wins`` policy, deciding on arrival, with the
-    same thresholds."""
+    more than ``age`` seconds); or a policy strategy deciding on arrival, with the same
+    thresholds."""
 
     supersede: bool
     age: int | None = None
     size: int | None = None
-    latest_wins: bool = False
+    strategy: str = "on-claim"
+
+    @property
+    def on_arrival(self) -> bool:
+        return self.strategy in POLICIES
+
+    @property
+    def newest_wins(self) -> bool:
+        """Whether a task is superseded by a newer one (all but ``first-wins``)."""
+        return self.strategy != "first-wins"
 
     @property
     def name(self) -> str:
@@ -48,40 +61,42 @@ class Config:
             return "off"
         age = "" if self.age is None else f" age>{self.age}s"
         size = "" if self.size is None else f" size>{self.size}"
-        if self.latest_wins:
-            return "latest-wins" + age + size
+        if self.on_arrival:
+            return self.strategy + age + size
         return "on-claim" + (age + size or " always")
 
     @classmethod
     def parse(cls, text: str) -> Config:
-        """``off``; ``on-claim`` or ``latest-wins``, each optionally followed by
-        ``,age=S,size=N``; or ``age=S,size=N`` alone (on claim). Either threshold may be left
-        out."""
+        """``off``; ``on-claim``, ``latest-wins`` or ``first-wins``, each optionally followed
+        by ``,age=S,size=N``; or ``age=S,size=N`` alone (on claim). Either threshold may be
+        left out."""
         parts = [p.strip() for p in text.split(",")]
         if parts == ["off"]:
             return cls(False)
-        latest = parts[0] == "latest-wins"
-        if parts[0] in ("on-claim", "latest-wins"):
-            parts = parts[1:]
+        strategy = "on-claim"
+        if parts[0] in ("on-claim", *POLICIES):
+            strategy, parts = parts[0], parts[1:]
         found: dict[str, int] = {}
         for part in parts:
             m = re.fullmatch(r"(age|size)\s*=\s*(\d+)", part)
             if not m or m.group(1) in found:
                 raise InvalidInput(
-                    f"bad configuration {text!r}: use off, on-claim or latest-wins, optionally "
-                    "with age=SECONDS,size=N (e.g. age=3600,size=5)"
+                    f"bad configuration {text!r}: use off, on-claim, latest-wins or first-wins, "
+                    "optionally with age=SECONDS,size=N (e.g. age=3600,size=5)"
                 )
             found[m.group(1)] = int(m.group(2))
-        return cls(True, found.get("age"), found.get("size"), latest)
+        return cls(True, found.get("age"), found.get("size"), strategy)
 
     def policy(self) -> Policy:
-        rule: dict[str, object] = {"name": "replay", "keys": "**", "strategy": "latest-wins"}
+        rule: dict[str, object] = {"name": "replay", "keys": "**", "strategy": self.strategy}
         rule |= {k: v for k, v in (("age", self.age), ("size", self.size)) if v is not None}
         return rules.parse({"rules": [rule]}, "replay")
 
 
 class StoreIndex:
     """The :class:`~coalescer.replay.pool.Index` of one configuration, on a real store."""
+
+    asks_on_claim = True
 
     def __init__(self, store: Store, namespace: str, config: Config) -> None:
         self.store = store
@@ -94,7 +109,7 @@ class StoreIndex:
         return tuple(self.namespace + k for k in task.keys)
 
     def record(self, task: TaskSpec, state: str, at_ms: int, since_ms: int, reason: str) -> None:
-        if state not in ("pending", "running") and not self.config.latest_wins:
+        if state not in ("pending", "running") and not self.config.on_arrival:
             return  # a resolution changes no answer: the task left the pending set when claimed
         keys = self.key(task)
         self.buffer.append(
@@ -136,9 +151,12 @@ class StoreIndex:
 
 
 class PolicyIndex(StoreIndex):
-    """A ``latest-wins`` configuration: every event goes through :meth:`Store.apply` with the
-    policy, so ``decide.lua`` decides as the service does; its decisions, read from the keys'
-    outboxes, are carried out at once, as an enforcer without lag would."""
+    """A policy configuration: every event goes through :meth:`Store.apply` with the policy,
+    so ``decide.lua`` decides as the service does; its decisions, read from the keys'
+    outboxes, are carried out at once, as an enforcer without lag would. The policy alone
+    supersedes: workers run what they claim."""
+
+    asks_on_claim = False
 
     def __init__(self, store: Store, namespace: str, config: Config) -> None:
         super().__init__(store, namespace, config)
@@ -149,10 +167,6 @@ class PolicyIndex(StoreIndex):
         if events:
             await self.store.apply(events, now_ms=now_ms, policy=self.policy)
         return {k for ev in events for k in ev.keys}
-
-    async def ask(self, task: TaskSpec, now_ms: int) -> list[str]:
-        await self._flush(now_ms)
-        return await super().ask(task, now_ms)
 
     async def decisions(self, now_ms: int) -> list[tuple[str, str]]:
         out = []
@@ -185,21 +199,21 @@ async def replay(
 ) -> list[Outcome]:
     """Replay ``history`` once per configuration, concurrently; outcomes in ``configs`` order.
 
-    ``latest-wins`` needs the embedded store or an empty database: its decisions go through the
+    A policy needs the embedded store or an empty database: its decisions go through the
     outbox that a live ``coalescer enforce`` would carry out on the real queue.
     """
-    if any(c.latest_wins for c in configs) and not store.embedded:
+    if any(c.on_arrival for c in configs) and not store.embedded:
         if not await holds_nothing(store):
             raise ConfigError(
-                "latest-wins replays write decisions to the outbox that a live enforcer carries "
-                "out: replay it on the embedded store or on an empty Redis database"
+                "policy replays write decisions to the outbox that a live enforcer carries "
+                "out: replay them on the embedded store or on an empty Redis database"
             )
     run = uuid.uuid4().hex[:8]
 
     async def one(n: int, config: Config) -> Outcome:
         index: StoreIndex | None = None
         if config.supersede:
-            kind = PolicyIndex if config.latest_wins else StoreIndex
+            kind = PolicyIndex if config.on_arrival else StoreIndex
             index = kind(store, f"replay.{run}.{n}.", config)
         try:
             return await Pool(history, index, seed=seed, progress=progress).run()

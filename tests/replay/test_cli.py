@@ -112,6 +112,7 @@ def test_bad_arguments_exit_2_with_one_line(
         ("on-claim, size=2", "on-claim size>2"),
         ("latest-wins", "latest-wins"),
         ("latest-wins,age=600", "latest-wins age>600s"),
+        ("first-wins, size=0", "first-wins size>0"),
     ],
 )
 def test_configurations_are_named_by_what_they_do(text: str, name: str) -> None:

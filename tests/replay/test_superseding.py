@@ -71,7 +71,7 @@ def test_the_worker_runs_the_newest_listed_task_and_supersedes_the_others() -> N
 
 def test_latest_wins_supersedes_on_arrival_through_the_policy_decisions() -> None:
     h = history(*BACKLOG)
-    (out,) = run(h, Config(True, latest_wins=True))
+    (out,) = run(h, Config(True, strategy="latest-wins"))
     assert states(h, out) == {
         "busy": "completed",
         "a": "superseded",
@@ -86,13 +86,31 @@ def test_latest_wins_supersedes_on_arrival_through_the_policy_decisions() -> Non
     assert out.missed == 0
 
 
-def test_latest_wins_refuses_a_database_that_holds_anything() -> None:
+def test_first_wins_keeps_the_oldest_and_supersedes_later_duplicates_on_arrival() -> None:
+    h = history(*BACKLOG)
+    (out,) = run(h, Config(True, strategy="first-wins"))
+    assert states(h, out) == {
+        "busy": "completed",
+        "a": "completed",
+        "b": "superseded",
+        "c": "superseded",
+        "d": "completed",
+    }
+    ids = [t.task_id for t in h.tasks]
+    assert [ids[out.by[ids.index(v)]] for v in ("b", "c")] == ["a", "a"]
+    assert [minutes(out.resolved_ms[ids.index(v)]) for v in ("b", "c")] == [2, 3]
+    report = summarize(h, "first-wins", out, None, newest_wins=False)
+    assert (report.wrong_winners, report.lost, report.asked) == (0, 0, 0)
+    assert summarize(h, "first-wins", out, None).wrong_winners == 2  # not by newer tasks
+
+
+def test_a_policy_refuses_a_database_that_holds_anything() -> None:
     async def go() -> None:
         store = await open_store(REDIS_URL, grace_seconds=3600)
         try:
             await store.count({"unrelated": 1})
             with pytest.raises(ConfigError, match="empty Redis database"):
-                await replay(history(*BACKLOG), [Config(True, latest_wins=True)], store)
+                await replay(history(*BACKLOG), [Config(True, strategy="latest-wins")], store)
             assert await replay(history(*BACKLOG), [Config(True)], store)  # on claim is fine
         finally:
             await store.client.flushdb()
@@ -176,16 +194,20 @@ def histories(draw: st.DrawFn) -> History:
 
 
 def check(h: History, out: Outcome, config: Config) -> None:
-    report = summarize(h, config.name, out, None)
+    report = summarize(h, config.name, out, None, newest_wins=config.newest_wins)
     assert report.wrong_winners == 0
     assert report.lost == 0
     for i, s in enumerate(out.state):
         assert s in RESOLVED or (s == State.WAITING and out.pending_ms[i] == -1)
         if s == State.SUPERSEDED:
             mine, theirs = h.tasks[i], h.tasks[out.by[i]]
-            assert (theirs.order, theirs.task_id) > (mine.order, mine.task_id)
+            newer = (theirs.order, theirs.task_id) > (mine.order, mine.task_id)
+            if config.newest_wins:
+                assert newer
+            elif newer:  # first-wins keeps a running task, even a newer one
+                assert out.left_ms[out.by[i]] <= out.resolved_ms[i] <= out.resolved_ms[out.by[i]]
             assert set(mine.keys) & set(theirs.keys)
-            if not config.latest_wins:  # the worker's primary ran, on the same queue, keys
+            if not config.on_arrival:  # the worker's primary ran, on the same queue, keys
                 assert out.state[out.by[i]] in (State.COMPLETED, State.FAILED)
                 assert mine.task_queue == theirs.task_queue and mine.keys == theirs.keys
                 assert out.resolved_ms[i] == out.resolved_ms[out.by[i]]
@@ -206,7 +228,8 @@ def test_no_wrong_winner_and_no_lost_task_on_random_histories(
         Config(False),
         Config(True),
         Config(True, age=age, size=size),
-        Config(True, age=age, size=size, latest_wins=True),
+        Config(True, age=age, size=size, strategy="latest-wins"),
+        Config(True, age=age, size=size, strategy="first-wins"),
     )
     for config, out in zip(configs, run(h, *configs), strict=True):
         check(h, out, config)

@@ -6,8 +6,9 @@ longest-pending task, as the queue's ``claimWork`` does. A run takes the task's 
 duration. With superseding on, a worker that claimed a task with a coalescing key asks the
 index (:class:`Index`) as the worker shim does, claims every listed task that is still pending
 on its task queue with the same keys, runs the newest one it holds (the primary) and resolves
-the others superseded when the primary ends; a superseded task's dependents are never scheduled,
-as on a queue whose tasks require ``all-completed``.
+the others superseded when the primary ends. Under a policy, the index decides on arrival
+instead, and each pending victim is resolved superseded at once. A superseded task's dependents
+are never scheduled, as on a queue whose tasks require ``all-completed``.
 
 The model is pure apart from :class:`Index`, which it awaits, and never reads the wall clock.
 """

@@ -2,11 +2,11 @@
 
 Each configuration gets its own pool model and its own namespace of coalescing keys in one
 store (``replay.<run>.<n>.<key>``), so the configurations replay concurrently and a real Redis
-shared with other data is not disturbed; the namespace is forgotten afterwards. The index sees
-every event at the moment the model makes it happen (no ingest lag), through
-:meth:`Store.apply <coalescer.store.Store.apply>`; a worker's question is answered by
-:meth:`Store.snapshot <coalescer.store.Store.snapshot>` and :func:`coalescer.model.supersedes`,
-as the service answers ``GET /<key>?taskId=``.
+shared with other data is not disturbed; the namespace is deleted afterwards. The index sees
+every event at the moment the model makes it happen (no ingest lag), through the service's own
+scripts: on claim, ``apply.lua`` then ``snapshot.lua`` and :func:`coalescer.model.supersedes`,
+as the service answers ``GET /<key>?taskId=``; under a policy, :meth:`Store.apply
+<coalescer.store.Store.apply>` with the policy, whose ``decide.lua`` decides on arrival.
 """
 
 from __future__ import annotations

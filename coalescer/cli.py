@@ -23,6 +23,7 @@ PLUGINS = (
     "coalescer.worker.cli",
     "coalescer.emulator.cli",
     "coalescer.policy.cli",
+    "coalescer.replay.cli",
     "coalescer.demo",
 )
 

@@ -1,0 +1,195 @@
+"""``coalescer replay``: replay a task history under several superseding configurations."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from tqdm import tqdm
+
+from coalescer.errors import ConfigError, InvalidInput
+from coalescer.replay.history import History
+from coalescer.settings import Settings
+
+if TYPE_CHECKING:
+    from coalescer.replay.pool import Outcome
+    from coalescer.replay.runner import Config
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="show what superseding would save and cost on a task history",
+        description="Replay a task history (synthetic by default, or recorded Pulse messages, "
+        "or task groups read from a queue) against a modelled worker pool, once per "
+        "configuration, through the service's own index, and compare them side by side.",
+    )
+    source = p.add_argument_group("history (synthetic unless --events or --task-group)")
+    source.add_argument("--events", metavar="FILE", help="JSON lines of Pulse messages")
+    source.add_argument(
+        "--task-group",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a task group to read from the queue (TASKCLUSTER_ROOT_URL); repeatable",
+    )
+    synth = p.add_argument_group("synthetic history")
+    synth.add_argument("--hours", type=float, default=24.0, help="length of history (24)")
+    synth.add_argument("--pushes-per-hour", type=float, default=12.0, help="at the daily peak (12)")
+    synth.add_argument("--platforms", type=int, default=2, help="builds per push (2)")
+    synth.add_argument("--suites", type=int, default=3, help="tests per build (3)")
+    synth.add_argument("--build-minutes", type=float, default=30.0, help="median build (30)")
+    synth.add_argument("--test-minutes", type=float, default=12.0, help="median test (12)")
+    synth.add_argument("--build-workers", type=int, default=5, help="per build queue (5)")
+    synth.add_argument("--test-workers", type=int, default=6, help="per test queue (6)")
+    synth.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="C",
+        help="off; on-claim, latest-wins or first-wins, optionally with ,age=SECONDS,size=N "
+        "(tc-coalesce's thresholds); or age=SECONDS,size=N alone (on claim); repeatable; off "
+        "is always replayed first, as the baseline (default: off, age=3600,size=5, on-claim)",
+    )
+    p.add_argument(
+        "--workers",
+        action="append",
+        default=[],
+        metavar="[QUEUE=]N",
+        help="workers of a task queue, or of every queue the history does not size; repeatable",
+    )
+    p.add_argument("--redis-url", help="replay on this Redis (default: the embedded store)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--html", metavar="FILE", help="write an HTML report with charts here")
+    p.set_defaults(handler=_replay)
+
+
+def parse_workers(values: list[str]) -> tuple[dict[str, int], int | None]:
+    per_queue: dict[str, int] = {}
+    default: int | None = None
+    for value in values:
+        queue, _, count = value.rpartition("=")
+        if not count.isdigit() or int(count) < 1:
+            raise ConfigError(f"--workers {value!r}: expected N or QUEUE=N with N ≥ 1")
+        if queue:
+            per_queue[queue] = int(count)
+        else:
+            default = int(count)
+    return per_queue, default
+
+
+def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    from coalescer.replay import metrics, report, runner
+
+    try:
+        configs = [runner.Config.parse(c) for c in args.config or ["age=3600,size=5", "on-claim"]]
+    except InvalidInput as exc:
+        raise ConfigError(str(exc)) from exc
+    configs = [runner.Config(False), *(c for c in configs if c.supersede)]
+    workers, default = parse_workers(args.workers)
+    history = _history(args, settings, workers, default)
+    started = time.monotonic()
+    outcomes = asyncio.run(_run(history, configs, args.redis_url, settings))
+    seconds = time.monotonic() - started
+    summaries: list[metrics.Summary] = []
+    for config, outcome in zip(configs, outcomes, strict=True):
+        base = summaries[0].worker_hours if summaries else None
+        summaries.append(
+            metrics.summarize(history, config.name, outcome, base, newest_wins=config.newest_wins)
+        )
+    result = report.Report(history, tuple(summaries), seconds)
+    if args.html:
+        try:
+            Path(args.html).write_text(report.html(result))
+        except OSError as exc:
+            raise ConfigError(f"cannot write {args.html}: {exc.strerror}") from exc
+    if args.json:
+        sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(report.table(result))
+        if args.html:
+            print(f"\nHTML report: {args.html}")
+    return 0
+
+
+def _history(
+    args: argparse.Namespace, settings: Settings, workers: dict[str, int], default: int | None
+) -> History:
+    from coalescer.replay import sources, synthetic
+
+    prefix, rank_tag = settings.route_prefix, settings.rank_tag
+    try:
+        if args.events:
+            with open(args.events, "rb") as lines:
+                return sources.from_events(
+                    sources.read_events(lines),
+                    prefix=prefix,
+                    rank_tag=rank_tag,
+                    workers=workers,
+                    default_workers=default,
+                    source=f"recorded events ({Path(args.events).name})",
+                )
+        if args.task_group:
+            import taskcluster
+
+            if not settings.taskcluster_root_url:
+                raise ConfigError("--task-group needs TASKCLUSTER_ROOT_URL")
+            queue = taskcluster.Queue(
+                {"rootUrl": settings.taskcluster_root_url, **taskcluster.optionsFromEnvironment()}
+            )
+            return sources.from_task_groups(
+                queue,
+                args.task_group,
+                prefix=prefix,
+                rank_tag=rank_tag,
+                workers=workers,
+                default_workers=default,
+            )
+        spec = synthetic.Synthetic(
+            hours=args.hours,
+            pushes_per_hour=args.pushes_per_hour,
+            platforms=args.platforms,
+            suites=args.suites,
+            build_minutes=args.build_minutes,
+            test_minutes=args.test_minutes,
+            build_workers=args.build_workers,
+            test_workers=args.test_workers,
+            seed=args.seed,
+        )
+        history = synthetic.generate(spec)
+        return dataclasses.replace(history, workers={**history.workers, **workers})
+    except OSError as exc:
+        raise ConfigError(f"cannot read {args.events}: {exc.strerror}") from exc
+    except InvalidInput as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+async def _run(
+    history: History, configs: list[Config], redis_url: str | None, settings: Settings
+) -> list[Outcome]:
+    from coalescer.replay import runner
+    from coalescer.store import open_store
+
+    # The embedded store is the right one here: its production warning would only mislead.
+    logging.getLogger("coalescer.store.embedded").setLevel(logging.ERROR)
+    store = await open_store(redis_url, grace_seconds=settings.grace_seconds)
+    bar = tqdm(
+        total=len(history.tasks) * len(configs),
+        unit="task",
+        desc="replaying",
+        disable=None,
+        file=sys.stderr,
+    )
+    try:
+        return await runner.replay(history, configs, store, progress=bar.update)
+    finally:
+        bar.close()
+        await store.close()

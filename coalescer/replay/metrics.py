@@ -1,0 +1,193 @@
+"""What a replay cost and saved, per configuration, from the pool model's outcome. Pure.
+
+* worker-hours used, and saved against the first configuration without superseding;
+* tasks run, superseded, resolved by their deadline, and dependents never scheduled;
+* per key, the time from a push to a result at least as new as its own (p50/p95), and how many
+  pushes got no result of their own;
+* pending time (p95), the makespan and the backlog over time;
+* two numbers that must be 0: wrong winners (a task superseded by one that is not newer in its
+  key's order; under ``first-wins``, neither older nor running) and lost tasks (became pending, then neither
+  ran nor resolved).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+from coalescer.replay.history import History, percentile
+from coalescer.replay.pool import RESOLVED, Outcome, State
+
+#: Points kept of each backlog curve.
+BACKLOG_POINTS = 240
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeySummary:
+    key: str
+    tasks: int
+    superseded: int
+    #: Pushes whose own task produced no result (superseded, never scheduled, deadline).
+    no_own_result: int
+    #: Pushes that saw no result at all, not even a newer one.
+    no_result: int
+    ttr_p50_s: float | None
+    ttr_p95_s: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Summary:
+    name: str
+    worker_hours: float
+    saved_hours: float
+    tasks: int
+    run: int
+    superseded: int
+    deadline_exceeded: int
+    never_scheduled: int
+    asked: int
+    #: Decisions on arrival (latest-wins) whose victim a worker had claimed first.
+    decisions_missed: int
+    pending_p95_s: float | None
+    ttr_p50_s: float | None
+    ttr_p95_s: float | None
+    makespan_hours: float
+    backlog_peak: int
+    wrong_winners: int
+    lost: int
+    keys: tuple[KeySummary, ...]
+    #: ``(hours since the start, pending tasks)``, at most :data:`BACKLOG_POINTS` points.
+    backlog: tuple[tuple[float, int], ...]
+    #: Every push's time to a result, seconds (for the distribution chart).
+    ttr_s: tuple[float, ...] = dataclasses.field(repr=False, default=())
+
+    @property
+    def saved_share(self) -> float:
+        base = self.worker_hours + self.saved_hours
+        return self.saved_hours / base if base else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        del doc["ttr_s"]
+        doc["saved_share"] = round(self.saved_share, 4)
+        doc["backlog"] = [[round(h, 3), n] for h, n in self.backlog]
+        doc["keys"] = [dataclasses.asdict(k) for k in self.keys]
+        return doc
+
+
+def summarize(
+    history: History,
+    name: str,
+    out: Outcome,
+    baseline_hours: float | None,
+    *,
+    newest_wins: bool = True,
+) -> Summary:
+    """The figures of one configuration; ``newest_wins`` is False for ``first-wins``, where
+    a task is rightly superseded by an older one, or by one already running."""
+    tasks = history.tasks
+    start = tasks[0].scheduled_ms
+    states = out.state
+    wrong = 0
+    for i, by in enumerate(out.by):
+        if by >= 0:
+            mine, theirs = tasks[i], tasks[by]
+            newer = (theirs.order, theirs.task_id) > (mine.order, mine.task_id)
+            if newest_wins:
+                right = newer
+            else:  # first-wins: an older task, or one that was already running
+                at = out.resolved_ms[i]
+                running = 0 <= out.left_ms[by] <= at and not 0 <= out.resolved_ms[by] < at
+                right = not newer or running
+            if not right or not set(mine.keys) & set(theirs.keys):
+                wrong += 1
+    lost = sum(1 for i, s in enumerate(states) if out.pending_ms[i] >= 0 and s not in RESOLVED)
+    pending_waits = [
+        (out.left_ms[i] - out.pending_ms[i]) / 1000
+        for i in range(len(tasks))
+        if out.pending_ms[i] >= 0 and out.left_ms[i] >= 0
+    ]
+    per_key, all_ttr = _time_to_result(history, out)
+    worker_hours = out.worker_ms / 3_600_000
+    ends = [r for r in out.resolved_ms if r >= 0]
+    return Summary(
+        name=name,
+        worker_hours=round(worker_hours, 3),
+        saved_hours=round((baseline_hours or worker_hours) - worker_hours, 3),
+        tasks=len(tasks),
+        run=sum(1 for s in states if s in (State.COMPLETED, State.FAILED)),
+        superseded=sum(1 for s in states if s == State.SUPERSEDED),
+        deadline_exceeded=sum(1 for s in states if s == State.DEADLINE),
+        never_scheduled=sum(1 for s in states if s == State.WAITING),
+        asked=out.asked,
+        decisions_missed=out.missed,
+        pending_p95_s=percentile(pending_waits, 0.95),
+        ttr_p50_s=percentile(all_ttr, 0.5),
+        ttr_p95_s=percentile(all_ttr, 0.95),
+        makespan_hours=round(((max(ends) if ends else start) - start) / 3_600_000, 3),
+        backlog_peak=max((n for _, n in out.backlog), default=0),
+        wrong_winners=wrong,
+        lost=lost,
+        keys=tuple(per_key),
+        backlog=_downsample(out.backlog, start),
+        ttr_s=tuple(all_ttr),
+    )
+
+
+def _time_to_result(history: History, out: Outcome) -> tuple[list[KeySummary], list[float]]:
+    """Per key: for each task (a push), the first result of a task at least as new, from the
+    moment the push scheduled it."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(history.tasks):
+        for key in t.keys:
+            members[key].append(i)
+    summaries: list[KeySummary] = []
+    everything: list[float] = []
+    for key in sorted(members):
+        ids = sorted(members[key], key=lambda i: (history.tasks[i].order, history.tasks[i].task_id))
+        best = None  # the earliest result among the tasks seen so far (newest first)
+        ttr: list[float] = []
+        no_result = 0
+        for i in reversed(ids):
+            if out.state[i] in (State.COMPLETED, State.FAILED):
+                done = out.resolved_ms[i]
+                best = done if best is None else min(best, done)
+            if best is None:
+                no_result += 1
+            else:
+                ttr.append(max(0, best - history.tasks[i].scheduled_ms) / 1000)
+        ran = sum(1 for i in ids if out.state[i] in (State.COMPLETED, State.FAILED))
+        summaries.append(
+            KeySummary(
+                key=key,
+                tasks=len(ids),
+                superseded=sum(1 for i in ids if out.state[i] == State.SUPERSEDED),
+                no_own_result=len(ids) - ran,
+                no_result=no_result,
+                ttr_p50_s=percentile(ttr, 0.5),
+                ttr_p95_s=percentile(ttr, 0.95),
+            )
+        )
+        everything += ttr
+    return summaries, everything
+
+
+def _downsample(points: list[tuple[int, int]], start: int) -> tuple[tuple[float, int], ...]:
+    """The backlog step curve as about :data:`BACKLOG_POINTS` points, each bucket's peak (a
+    bucket without a change keeps the level before it)."""
+    if not points:
+        return ()
+    width = max(1.0, (points[-1][0] - start) / BACKLOG_POINTS)
+    peaks: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for at, n in points:
+        b = int((at - start) // width)
+        peaks[b] = max(peaks.get(b, 0), n)
+        last[b] = n
+    curve: list[tuple[float, int]] = []
+    level = 0
+    for b in range(max(peaks) + 1):
+        curve.append((b * width / 3_600_000, peaks.get(b, level)))
+        level = last.get(b, level)
+    return tuple(curve)

@@ -1,0 +1,127 @@
+"""The replay's report: a table for the terminal, JSON for scripts, an HTML page for people."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jinja2
+
+from coalescer.replay import charts
+from coalescer.replay.history import History
+from coalescer.replay.metrics import Summary
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+    history: History
+    summaries: tuple[Summary, ...]
+    seconds: float  # how long the replay took
+
+    def history_json(self) -> dict[str, Any]:
+        tasks = self.history.tasks
+        return {
+            "source": self.history.source,
+            "tasks": len(tasks),
+            "keys": len({k for t in tasks for k in t.keys}),
+            "workers": dict(self.history.workers),
+            "hours": round((tasks[-1].scheduled_ms - tasks[0].scheduled_ms) / 3_600_000, 3),
+            "recordedMakespanHours": _hours(self.history.recorded_makespan_ms()),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "history": self.history_json(),
+            "replaySeconds": round(self.seconds, 3),
+            "configurations": [s.to_json() for s in self.summaries],
+        }
+
+
+def _hours(ms: int | None) -> float | None:
+    return None if ms is None else round(ms / 3_600_000, 3)
+
+
+def duration(seconds: float | None) -> str:
+    """``42s``, ``17m``, ``3.4h``; ``-`` when there is nothing to measure."""
+    if seconds is None:
+        return "-"
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+#: The table's rows: a label and how to show a summary's figure.
+ROWS: tuple[tuple[str, Any], ...] = (
+    ("worker-hours", lambda s: f"{s.worker_hours:,.1f}"),
+    ("saved", lambda s: f"{s.saved_hours:,.1f}h {s.saved_share:.0%}" if s.saved_hours else "-"),
+    ("tasks run", lambda s: f"{s.run:,}"),
+    ("superseded", lambda s: f"{s.superseded:,}"),
+    ("dependents never scheduled", lambda s: f"{s.never_scheduled:,}"),
+    ("deadline exceeded", lambda s: f"{s.deadline_exceeded:,}"),
+    ("pending p95", lambda s: duration(s.pending_p95_s)),
+    ("push to result p50", lambda s: duration(s.ttr_p50_s)),
+    ("push to result p95", lambda s: duration(s.ttr_p95_s)),
+    ("pushes without own result", lambda s: f"{sum(k.no_own_result for k in s.keys):,}"),
+    ("backlog peak", lambda s: f"{s.backlog_peak:,}"),
+    ("makespan", lambda s: duration(s.makespan_hours * 3600)),
+    ("wrong winners (must be 0)", lambda s: f"{s.wrong_winners}"),
+    ("lost tasks (must be 0)", lambda s: f"{s.lost}"),
+)
+
+
+def table(report: Report) -> str:
+    """Configurations side by side, then each key's push-to-result p50/p95 and pushes without
+    a result of their own."""
+    names = [s.name for s in report.summaries]
+    rows = [["", *names]]
+    rows += [[label, *(show(s) for s in report.summaries)] for label, show in ROWS]
+    text = _grid(rows)
+    key_rows = [["key: p50/p95 (no own result)", *names]]
+    for n, key in enumerate(report.summaries[0].keys):
+        cells = []
+        for s in report.summaries:
+            k = s.keys[n]
+            cells.append(f"{duration(k.ttr_p50_s)}/{duration(k.ttr_p95_s)} ({k.no_own_result})")
+        key_rows.append([key.key, *cells])
+    return text + "\n\n" + _grid(key_rows)
+
+
+def _grid(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [
+            row[0].ljust(widths[0]),
+            *(v.rjust(w) for v, w in zip(row[1:], widths[1:], strict=True)),
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+_env = jinja2.Environment(
+    loader=jinja2.PackageLoader("coalescer.replay", "templates"),
+    autoescape=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
+def html(report: Report) -> str:
+    bars_plot, bars = charts.worker_hours(report.summaries)
+    return _env.get_template("report.html").render(
+        report=report,
+        history=report.history_json(),
+        rows=[(label, [show(s) for s in report.summaries]) for label, show in ROWS],
+        backlog=charts.backlog(report.summaries),
+        ttr=charts.time_to_result(report.summaries),
+        bars_plot=bars_plot,
+        bars=bars,
+        colours=charts.COLOURS,
+        duration=duration,
+    )

@@ -1,0 +1,224 @@
+"""Replaying one history under several configurations, side by side, through the real index.
+
+Each configuration gets its own pool model and its own namespace of coalescing keys in one
+store (``replay.<run>.<n>.<key>``), so the configurations replay concurrently and a real Redis
+shared with other data is not disturbed; the namespace is deleted afterwards. The index sees
+every event at the moment the model makes it happen (no ingest lag), through the service's own
+scripts: on claim, ``apply.lua`` then ``snapshot.lua`` and :func:`coalescer.model.supersedes`,
+as the service answers ``GET /<key>?taskId=``; under a policy, :meth:`Store.apply
+<coalescer.store.Store.apply>` with the policy, whose ``decide.lua`` decides on arrival.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import uuid
+from collections.abc import Callable, Sequence
+
+from coalescer import model
+from coalescer.errors import ConfigError, InvalidInput
+from coalescer.policy import Policy, rules
+from coalescer.replay.history import History, TaskSpec
+from coalescer.replay.pool import Outcome, Pool
+from coalescer.store import Store
+from coalescer.store import policy as policy_store
+from coalescer.store.replay import apply_and_ask, drop, holds_nothing
+
+#: The service's default cap on an answer's length.
+CAP = 32
+
+
+#: Superseding policy strategies a configuration may replay (decided on arrival).
+POLICIES = ("latest-wins", "first-wins")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    """One way to run the pool: no superseding; the protocol on claim, with tc-coalesce's
+    thresholds (supersede only when more than ``size`` tasks are pending and the oldest waited
+    more than ``age`` seconds); or a policy strategy deciding on arrival, with the same
+    thresholds."""
+
+    supersede: bool
+    age: int | None = None
+    size: int | None = None
+    strategy: str = "on-claim"
+
+    @property
+    def on_arrival(self) -> bool:
+        return self.strategy in POLICIES
+
+    @property
+    def newest_wins(self) -> bool:
+        """Whether a task is superseded by a newer one (all but ``first-wins``)."""
+        return self.strategy != "first-wins"
+
+    @property
+    def name(self) -> str:
+        if not self.supersede:
+            return "off"
+        age = "" if self.age is None else f" age>{self.age}s"
+        size = "" if self.size is None else f" size>{self.size}"
+        if self.on_arrival:
+            return self.strategy + age + size
+        return "on-claim" + (age + size or " always")
+
+    @classmethod
+    def parse(cls, text: str) -> Config:
+        """``off``; ``on-claim``, ``latest-wins`` or ``first-wins``, each optionally followed
+        by ``,age=S,size=N``; or ``age=S,size=N`` alone (on claim). Either threshold may be
+        left out."""
+        parts = [p.strip() for p in text.split(",")]
+        if parts == ["off"]:
+            return cls(False)
+        strategy = "on-claim"
+        if parts[0] in ("on-claim", *POLICIES):
+            strategy, parts = parts[0], parts[1:]
+        found: dict[str, int] = {}
+        for part in parts:
+            m = re.fullmatch(r"(age|size)\s*=\s*(\d+)", part)
+            if not m or m.group(1) in found:
+                raise InvalidInput(
+                    f"bad configuration {text!r}: use off, on-claim, latest-wins or first-wins, "
+                    "optionally with age=SECONDS,size=N (e.g. age=3600,size=5)"
+                )
+            found[m.group(1)] = int(m.group(2))
+        return cls(True, found.get("age"), found.get("size"), strategy)
+
+    def policy(self) -> Policy:
+        rule: dict[str, object] = {"name": "replay", "keys": "**", "strategy": self.strategy}
+        rule |= {k: v for k, v in (("age", self.age), ("size", self.size)) if v is not None}
+        return rules.parse({"rules": [rule]}, "replay")
+
+
+class StoreIndex:
+    """The :class:`~coalescer.replay.pool.Index` of one configuration, on a real store."""
+
+    asks_on_claim = True
+
+    def __init__(self, store: Store, namespace: str, config: Config) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.config = config
+        self.buffer: list[model.TaskEvent] = []
+        self.used: set[str] = set()
+
+    def key(self, task: TaskSpec) -> tuple[str, ...]:
+        return tuple(self.namespace + k for k in task.keys)
+
+    def record(self, task: TaskSpec, state: str, at_ms: int, since_ms: int, reason: str) -> None:
+        if state not in ("pending", "running") and not self.config.on_arrival:
+            return  # a resolution changes no answer: the task left the pending set when claimed
+        keys = self.key(task)
+        self.buffer.append(
+            model.TaskEvent(
+                task_id=task.task_id,
+                run_id=0,
+                state=state,
+                keys=keys,
+                order=task.order,
+                deadline_ms=task.deadline_ms,
+                pending_since_ms=since_ms,
+                reason=reason,
+                started_ms=at_ms if state == "running" else 0,
+                resolved_ms=at_ms if state not in ("pending", "running") else 0,
+            )
+        )
+        self.used.update(keys)
+
+    async def ask(self, task: TaskSpec, now_ms: int) -> list[str]:
+        events, self.buffer = self.buffer, []
+        key = self.key(task)[0]
+        snap = await apply_and_ask(self.store, events, key, task.task_id, now_ms=now_ms, cap=CAP)
+        answer, _ = model.supersedes(
+            task.task_id,
+            snap,
+            now_ms=now_ms,
+            age=self.config.age,
+            size=self.config.size,
+            cap=CAP,
+        )
+        return answer
+
+    async def decisions(self, now_ms: int) -> list[tuple[str, str]]:
+        """Nothing is decided on arrival on claim."""
+        return []
+
+    async def forget(self) -> None:
+        await drop(self.store, sorted(self.used))
+
+
+class PolicyIndex(StoreIndex):
+    """A policy configuration: every event goes through :meth:`Store.apply` with the policy,
+    so ``decide.lua`` decides as the service does; its decisions, read from the keys'
+    outboxes, are carried out at once, as an enforcer without lag would. The policy alone
+    supersedes: workers run what they claim."""
+
+    asks_on_claim = False
+
+    def __init__(self, store: Store, namespace: str, config: Config) -> None:
+        super().__init__(store, namespace, config)
+        self.policy = _Namespaced(config.policy(), namespace)
+
+    async def _flush(self, now_ms: int) -> set[str]:
+        events, self.buffer = self.buffer, []
+        if events:
+            await self.store.apply(events, now_ms=now_ms, policy=self.policy)
+        return {k for ev in events for k in ev.keys}
+
+    async def decisions(self, now_ms: int) -> list[tuple[str, str]]:
+        out = []
+        touched = sorted(await self._flush(now_ms))
+        waiting = await policy_store.outstanding(self.store, touched)
+        for key in (k for k in touched if waiting[k][0]):
+            for entry in await policy_store.read(self.store, key, "replay"):
+                out.append((entry.victim, entry.primary))
+                await policy_store.ack(self.store, key, entry.id)
+        return out
+
+
+class _Namespaced:
+    """A policy for namespaced keys: each key gets the rule of its name without the prefix."""
+
+    def __init__(self, policy: Policy, namespace: str) -> None:
+        self.inner, self.namespace = policy, namespace
+
+    def script_args(self, key: str) -> list[str | int] | None:
+        return self.inner.script_args(key.removeprefix(self.namespace))
+
+
+async def replay(
+    history: History,
+    configs: Sequence[Config],
+    store: Store,
+    *,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> list[Outcome]:
+    """Replay ``history`` once per configuration, concurrently; outcomes in ``configs`` order.
+
+    A policy needs the embedded store or an empty database: its decisions go through the
+    outbox that a live ``coalescer enforce`` would carry out on the real queue.
+    """
+    if any(c.on_arrival for c in configs) and not store.embedded:
+        if not await holds_nothing(store):
+            raise ConfigError(
+                "policy replays write decisions to the outbox that a live enforcer carries "
+                "out: replay them on the embedded store or on an empty Redis database"
+            )
+    run = uuid.uuid4().hex[:8]
+
+    async def one(n: int, config: Config) -> Outcome:
+        index: StoreIndex | None = None
+        if config.supersede:
+            kind = PolicyIndex if config.on_arrival else StoreIndex
+            index = kind(store, f"replay.{run}.{n}.", config)
+        try:
+            return await Pool(history, index, seed=seed, progress=progress).run()
+        finally:
+            if index is not None:
+                await index.forget()
+
+    return list(await asyncio.gather(*(one(n, c) for n, c in enumerate(configs))))

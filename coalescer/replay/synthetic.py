@@ -1,0 +1,118 @@
+"""Synthetic histories: pushes through a day, each a build and its tests, with a seeded RNG.
+
+Each push creates, per platform, one build task (key ``build.<platform>``, task queue
+``replay/build-<platform>``) and ``suites`` test tasks that depend on it (keys
+``test.<platform>.<suite>``, task queue ``replay/test-<platform>``). Pushes arrive as a Poisson
+process whose rate follows :data:`DAILY` (busy working hours, quiet nights); run times are
+log-normal around the given medians. The same arguments and seed give the same history.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import math
+import random
+import uuid
+
+from coalescer.errors import InvalidInput
+from coalescer.replay.history import History, TaskSpec
+
+#: Push rate by hour of day (UTC), as a share of the peak rate.
+DAILY = (
+    *(0.15, 0.1, 0.1, 0.1, 0.15, 0.25, 0.4, 0.6, 0.8, 0.95, 1.0, 1.0),
+    *(0.9, 1.0, 1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2),
+)
+HOUR_MS = 3_600_000
+#: The history's clock starts at midnight, 2030-01-01 UTC.
+EPOCH_MS = 1_893_456_000_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Synthetic:
+    hours: float = 24.0
+    pushes_per_hour: float = 12.0
+    platforms: int = 2
+    suites: int = 3
+    build_minutes: float = 30.0
+    test_minutes: float = 12.0
+    #: Spread of run times: the log-normal's sigma.
+    spread: float = 0.3
+    build_workers: int = 5
+    test_workers: int = 6
+    deadline_hours: float = 24.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("hours", "pushes_per_hour", "build_minutes", "test_minutes"):
+            if not getattr(self, name) > 0:
+                raise InvalidInput(f"synthetic {name} must be positive")
+        for name in ("platforms", "build_workers", "test_workers"):
+            if getattr(self, name) < 1:
+                raise InvalidInput(f"synthetic {name} must be at least 1")
+        if self.suites < 0 or self.spread < 0:
+            raise InvalidInput("synthetic suites and spread must not be negative")
+
+    @property
+    def tasks_per_push(self) -> int:
+        return self.platforms * (1 + self.suites)
+
+
+def push_times(spec: Synthetic, rng: random.Random) -> list[int]:
+    """Push arrival times (ms), a Poisson process thinned by the daily profile."""
+    peak = spec.pushes_per_hour / HOUR_MS
+    end = spec.hours * HOUR_MS
+    times: list[int] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= end:
+            return times
+        if rng.random() < DAILY[int(t // HOUR_MS) % 24]:
+            times.append(int(t))
+
+
+def generate(spec: Synthetic) -> History:
+    rng = random.Random(spec.seed)
+    tasks: list[TaskSpec] = []
+
+    def task_id() -> str:
+        raw = uuid.UUID(int=rng.getrandbits(128), version=4).bytes
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    def duration(minutes: float) -> int:
+        return max(1000, int(minutes * 60_000 * math.exp(rng.gauss(0, spec.spread))))
+
+    deadline = int(spec.deadline_hours * HOUR_MS)
+    workers: dict[str, int] = {}
+    for push, at in enumerate(push_times(spec, rng), start=1):
+        at += EPOCH_MS
+        for p in range(spec.platforms):
+            platform = f"p{p + 1}"
+            build_queue, test_queue = f"replay/build-{platform}", f"replay/test-{platform}"
+            workers[build_queue] = spec.build_workers
+            workers[test_queue] = spec.test_workers
+            build = TaskSpec(
+                task_id=task_id(),
+                task_queue=build_queue,
+                keys=(f"build.{platform}",),
+                order=float(push),
+                scheduled_ms=at,
+                deadline_ms=at + deadline,
+                duration_ms=duration(spec.build_minutes),
+            )
+            tasks.append(build)
+            for s in range(spec.suites):
+                tasks.append(
+                    TaskSpec(
+                        task_id=task_id(),
+                        task_queue=test_queue,
+                        keys=(f"test.{platform}.s{s + 1}",),
+                        order=float(push),
+                        scheduled_ms=at,
+                        deadline_ms=at + deadline,
+                        dependencies=(build.task_id,),
+                        duration_ms=duration(spec.test_minutes),
+                    )
+                )
+    return History.build(tasks, workers=workers, source=f"synthetic (seed {spec.seed})")

@@ -1,0 +1,98 @@
+"""The store's side of ``coalescer replay``: events and a question in one round trip, and a
+replay's keys deleted when it is done.
+
+A replay asks the index once for every task a modelled worker claims, after telling it what
+happened since the last question. Both go in one round trip: ``apply.lua`` for every (event,
+key), then ``snapshot.lua`` for the asked key, the very scripts the service runs. The pages'
+logs (recent answers and resolutions) that :meth:`Store.apply` also keeps are not written: a
+replay's keys are never shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from coalescer import model
+from coalescer.store import keys
+from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
+from coalescer.store.redis import Store, decode_snapshot
+
+
+async def holds_nothing(store: Store) -> bool:
+    """Whether the store's database holds no key at all (a scratch database)."""
+    (size,) = await store._pipeline(lambda pipe: pipe.dbsize())
+    return int(size) == 0
+
+
+async def drop(store: Store, names: Sequence[str]) -> None:
+    """Delete everything held for coalescing keys ``names`` (their index, logs and policy
+    data), and unlist them, in one round trip."""
+
+    def fill(pipe: Any) -> None:
+        for key in names:
+            pipe.delete(
+                *keys.group(key),
+                keys.log(key),
+                keys.resolutions(key),
+                *keys.answered(key),
+                *keys.settled(key),
+                *keys.policy(key)[3:5],
+                keys.lease(key),
+            )
+        pipe.zrem(keys.KEYS_INDEX, *names)
+        pipe.zrem(keys.OUTBOX, *names)
+
+    if names:
+        await store._pipeline(fill)
+
+
+def _apply_args(ev: model.TaskEvent, key: str, now_ms: int, grace_ms: int) -> list[Any]:
+    return [
+        *keys.group(key),
+        ev.task_id,
+        ev.run_id,
+        int(ev.rank),
+        ev.state,
+        repr(ev.order),
+        ev.deadline_ms,
+        ev.pending_since_ms,
+        now_ms,
+        grace_ms,
+        ev.reason,
+    ]
+
+
+async def apply_and_ask(
+    store: Store,
+    events: Sequence[model.TaskEvent],
+    key: str,
+    initial: str,
+    *,
+    now_ms: int,
+    cap: int,
+) -> model.KeySnapshot:
+    """Apply ``events`` (every key of each), then read ``key``'s snapshot for ``initial``."""
+    calls = [_apply_args(ev, k, now_ms, store.grace_ms) for ev in events for k in ev.keys]
+    t, p, w, d, _ = keys.group(key)
+    if isinstance(store.fast, PipelinedClient) and store._sha:
+        # Commands on one connection run in the order sent: the applies before the read.
+        try:
+            sha = store._sha["apply"]
+            sent = [store.fast.execute("EVALSHA", sha, 5, *args) for args in calls]
+            read = store.fast.execute(
+                "EVALSHA", store._sha["snapshot"], 4, t, p, w, d, initial, now_ms, cap
+            )
+            for reply in sent:
+                await reply
+            return decode_snapshot(await read)
+        except (NoScript, ReplyError):
+            pass  # redis-py reloads the scripts, or raises the real error; applying is idempotent
+
+    def fill(pipe: Any) -> None:
+        for args in calls:
+            store._eval(pipe, "apply", args[:5], *args[5:])
+        store._eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
+
+    replies = await store._pipeline(fill)
+    return decode_snapshot(replies[-1])

@@ -1,0 +1,125 @@
+"""``coalescer replay`` end to end, as a process: the table, the JSON and the HTML report of a
+small synthetic history, on real Redis and on the embedded store; bad arguments exit 2 with
+a one-line message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from coalescer.cli import main
+from coalescer.errors import InvalidInput
+from coalescer.replay.runner import Config
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.integration
+
+SMALL = ["--hours", "12", "--pushes-per-hour", "10", "--build-workers", "3", "--test-workers", "4"]
+
+
+def replay(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "coalescer.cli", "replay", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_json_and_html_reports_of_a_synthetic_history(tmp_path: Path) -> None:
+    html = tmp_path / "report.html"
+    done = replay(
+        *SMALL,
+        "--config",
+        "age=1800,size=2",
+        "--config",
+        "on-claim",
+        "--redis-url",
+        REDIS_URL,
+        "--json",
+        "--html",
+        str(html),
+    )
+    assert done.returncode == 0, done.stderr
+    doc = orjson.loads(done.stdout)
+    off, threshold, always = doc["configurations"]
+    assert [c["name"] for c in doc["configurations"]] == [
+        "off",
+        "on-claim age>1800s size>2",
+        "on-claim always",
+    ]
+    assert doc["history"]["tasks"] == off["tasks"] > 100
+    for c in doc["configurations"]:
+        assert c["wrong_winners"] == 0 and c["lost"] == 0
+        assert (
+            c["run"] + c["superseded"] + c["never_scheduled"] + c["deadline_exceeded"] == c["tasks"]
+        )
+        assert len(c["keys"]) == 8 and c["backlog"]
+    assert off["superseded"] == 0 and off["saved_hours"] == 0 and off["asked"] == 0
+    assert always["superseded"] > threshold["superseded"] > 0
+    assert always["saved_hours"] > threshold["saved_hours"] > 0
+    assert always["worker_hours"] + always["saved_hours"] == pytest.approx(off["worker_hours"])
+    assert always["backlog_peak"] < off["backlog_peak"]
+
+    page = html.read_text()
+    assert "<script" not in page
+    assert page.count("<svg") == 3
+    assert page.count("<polyline") == 2 * 3  # backlog and time to result, per configuration
+    for name in ("off", "on-claim age&gt;1800s size&gt;2", "on-claim always"):
+        assert name in page
+
+
+def test_the_table_on_the_embedded_store() -> None:
+    done = replay("--hours", "4", "--pushes-per-hour", "6", "--config", "age=600,size=1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["off", "on-claim", "age>600s", "size>1"]
+    rows = {line[:27].strip(): line[27:].split() for line in lines[2:16]}
+    assert rows["wrong winners (must be 0)"] == ["0", "0"]
+    assert rows["lost tasks (must be 0)"] == ["0", "0"]
+    assert rows["superseded"][0] == "0"
+    assert any(line.startswith("build.p1 ") for line in lines)
+    assert "EMBEDDED" not in done.stderr  # the production warning would only mislead here
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "age=soon"], "bad configuration 'age=soon'"),
+        (["--workers", "q=0"], "--workers 'q=0'"),
+        (["--events", "/nonexistent.jsonl"], "cannot read /nonexistent.jsonl"),
+        (["--hours", "0"], "synthetic hours must be positive"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("off", "off"),
+        ("on-claim", "on-claim always"),
+        ("age=3600,size=5", "on-claim age>3600s size>5"),
+        ("on-claim, size=2", "on-claim size>2"),
+        ("latest-wins", "latest-wins"),
+        ("latest-wins,age=600", "latest-wins age>600s"),
+        ("first-wins, size=0", "first-wins size>0"),
+    ],
+)
+def test_configurations_are_named_by_what_they_do(text: str, name: str) -> None:
+    assert Config.parse(text).name == name
+
+
+@pytest.mark.parametrize("text", ["age=1,age=2", "latest", "off,size=1", "size=-1", ""])
+def test_malformed_configurations_are_refused(text: str) -> None:
+    with pytest.raises(InvalidInput, match="bad configuration"):
+        Config.parse(text)

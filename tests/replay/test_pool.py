@@ -1,0 +1,98 @@
+"""The pool model's rules without superseding: claim order, dependents, durations, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coalescer.errors import InvalidInput
+from coalescer.replay.history import Durations, History, TaskSpec, peak_concurrency
+from coalescer.replay.pool import Outcome, Pool, State
+from tests.replay.support import MIN, T0, history, minutes, task
+
+
+def run(h: History) -> Outcome:
+    return asyncio.run(Pool(h, None).run())
+
+
+def claimed_order(h: History, out: Outcome) -> list[str]:
+    ran = [i for i, s in enumerate(out.state) if s in (State.COMPLETED, State.FAILED)]
+    return [h.tasks[i].task_id for i in sorted(ran, key=lambda i: out.left_ms[i])]
+
+
+def test_a_worker_claims_the_highest_priority_then_the_longest_pending() -> None:
+    h = history(
+        task("busy", 0, 60),
+        task("low-old", 5, priority=1),
+        task("high", 10, priority=5),
+        task("low-new", 15, priority=1),
+        task("high-new", 20, priority=5),
+    )
+    out = run(h)
+    assert claimed_order(h, out) == ["busy", "high", "high-new", "low-old", "low-new"]
+    assert [minutes(out.left_ms[h.tasks.index(t)]) for t in h.tasks] == [0, 80, 60, 90, 70]
+
+
+def test_each_task_queue_has_its_own_workers() -> None:
+    h = history(
+        task("a", 0, 30, queue="q1"), task("b", 0, 30, queue="q2"), task("c", 0, 30, queue="q1")
+    )
+    out = run(h)
+    assert [minutes(t) for t in out.resolved_ms] == [30, 30, 60]
+    assert out.worker_ms == 90 * MIN
+
+
+def test_a_dependent_becomes_pending_when_its_dependencies_complete() -> None:
+    h = history(
+        task("build", 0, 30),
+        task("lint", 0, 5),
+        task("test", 0, 10, after=("build", "lint")),
+        workers=2,
+    )
+    out = run(h)
+    test = h.tasks.index(next(t for t in h.tasks if t.task_id == "test"))
+    assert minutes(out.pending_ms[test]) == 30
+    assert minutes(out.resolved_ms[test]) == 40
+
+
+def test_a_failed_dependency_leaves_its_dependents_never_scheduled() -> None:
+    h = history(task("build", 0, 30, outcome="failed"), task("test", 0, 10, after=("build",)))
+    out = run(h)
+    assert out.state == [State.FAILED, State.WAITING]
+    assert out.pending_ms[1] == -1
+
+
+def test_a_task_still_pending_at_its_deadline_is_resolved_by_it() -> None:
+    slow = task("slow", 0, 25 * 60)
+    late = task("late", 1, 10)
+    out = run(history(slow, late))
+    assert out.state == [State.COMPLETED, State.DEADLINE]
+    assert out.worker_ms == 25 * 60 * MIN
+
+
+def test_a_task_that_never_ran_takes_a_duration_from_its_key() -> None:
+    tasks = [task("a", 0, 7, key="x"), task("b", 0, 50, key="y"), task("c", 1, None, key="x")]
+    assert Durations(tasks).of(tasks[2]) == 7 * MIN
+    out = run(history(*tasks, workers=3))
+    assert minutes(out.resolved_ms[2]) == 1 + 7
+
+
+def test_the_pool_defaults_to_the_peak_concurrency_the_history_shows() -> None:
+    def ran(task_id: str, start: int, end: int, queue: str = "q") -> TaskSpec:
+        return TaskSpec(
+            task_id, queue, (), 0.0, T0, T0 + 10**8, started_ms=T0 + start, resolved_ms=T0 + end
+        )
+
+    tasks = [
+        ran("a", 0, 10),
+        ran("b", 5, 20),
+        ran("c", 10, 30),
+        ran("d", 12, 14),
+        ran("e", 0, 1, "r"),
+    ]
+    assert peak_concurrency(tasks) == {"q": 3, "r": 1}
+    assert History.build(tasks).workers == {"q": 3, "r": 1}
+    assert History.build(tasks, workers={"q": 8}).workers == {"q": 8, "r": 1}
+    with pytest.raises(InvalidInput, match="no worker count for task queue 'z'"):
+        History.build([TaskSpec("z1", "z", (), 0.0, T0, T0 + 1)])

@@ -1,0 +1,102 @@
+"""Histories from a queue: a task group read with the official client (``listTaskGroup``) and
+the Pulse messages the same queue published, from the queue emulator. Both give the same runs;
+the group also gives dependencies and priorities."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+import taskcluster
+
+from coalescer.emulator.harness import QueueEmulator
+from coalescer.replay.history import Durations, priority_rank
+from coalescer.replay.pool import Pool
+from coalescer.replay.sources import SourceError, from_events, from_task_groups, read_events
+
+QUEUE_ID = "emulator-test/worker"
+WORKER = {"workerGroup": "wg", "workerId": "w1"}
+
+
+def work(em: QueueEmulator, task_id: str, seconds: float, *, cancel: bool = False) -> None:
+    """Claim ``task_id`` (the only pending task), let ``seconds`` pass, resolve it."""
+    queue = em.queue()
+    claims = queue.claimWork(QUEUE_ID, {**WORKER, "tasks": 1})["tasks"]
+    assert [c["status"]["taskId"] for c in claims] == [task_id]
+    em.clock.advance(seconds)
+    if cancel:
+        queue.cancelTask(task_id)
+    else:
+        em.queue(claims[0]["credentials"]).reportCompleted(task_id, claims[0]["runId"])
+
+
+@pytest.fixture
+def group(queue_emulator: QueueEmulator) -> tuple[str, dict[str, str]]:
+    em = queue_emulator
+    group = taskcluster.slugid.nice()
+    ids = {name: taskcluster.slugid.nice() for name in ("build1", "test1", "build2")}
+
+    def create(name: str, key: str, **extra: object) -> None:
+        em.create_task(ids[name], taskGroupId=group, routes=[f"coalesce.v1.{key}"], **extra)
+
+    create("build1", "build", priority="high")
+    create("test1", "test", dependencies=[ids["build1"]])
+    em.clock.advance(30)
+    create("build2", "build")
+    em.clock.advance(30)
+    work(em, ids["build1"], 600)
+    work(em, ids["build2"], 45, cancel=True)  # pending before test1 was
+    work(em, ids["test1"], 300)
+    return group, ids
+
+
+def test_a_task_group_read_from_the_queue(
+    queue_emulator: QueueEmulator, group: tuple[str, dict[str, str]]
+) -> None:
+    group_id, ids = group
+    history = from_task_groups(
+        queue_emulator.queue(), [group_id], prefix="coalesce.v1", rank_tag=None
+    )
+    tasks = {t.task_id: t for t in history.tasks}
+    build1, test1, build2 = (tasks[ids[n]] for n in ("build1", "test1", "build2"))
+    # The emulator's clock runs on between the steps the test takes: a few milliseconds.
+    assert build1.duration_ms == pytest.approx(600_000, abs=2000)
+    assert test1.duration_ms == pytest.approx(300_000, abs=2000)
+    assert build2.duration_ms is None
+    assert build1.keys == build2.keys == ("build",) and test1.keys == ("test",)
+    assert build1.priority == priority_rank("high") > build2.priority == priority_rank("lowest")
+    assert test1.dependencies == (ids["build1"],)
+    # Created with its push (not when it became pending, after build1).
+    assert test1.scheduled_ms - build1.scheduled_ms < 1000 < test1.order - build1.order
+    assert build2.order > build1.order
+    assert history.workers == {QUEUE_ID: 1}
+    assert Durations(history.tasks).of(build2) == build1.duration_ms  # drawn from its key's runs
+
+    out = asyncio.run(Pool(history, None).run())
+    assert out.worker_ms == 2 * build1.duration_ms + test1.duration_ms
+    i = history.tasks.index(test1)
+    assert out.pending_ms[i] == out.resolved_ms[history.tasks.index(build1)]
+
+
+def test_the_same_queue_s_messages_give_the_same_runs(
+    queue_emulator: QueueEmulator, group: tuple[str, dict[str, str]]
+) -> None:
+    group_id, _ = group
+    lines = [orjson.dumps(m) for m in queue_emulator.published]
+    recorded = from_events(read_events(lines), prefix="coalesce.v1", rank_tag=None)
+    listed = from_task_groups(
+        queue_emulator.queue(), [group_id], prefix="coalesce.v1", rank_tag=None
+    )
+    runs = {t.task_id: (t.duration_ms, t.keys, t.order, t.task_queue) for t in listed.tasks}
+    assert {
+        t.task_id: (t.duration_ms, t.keys, t.order, t.task_queue) for t in recorded.tasks
+    } == runs
+    assert all(t.dependencies == () for t in recorded.tasks)  # messages do not carry them
+
+
+def test_an_unknown_task_group_is_a_clear_error(queue_emulator: QueueEmulator) -> None:
+    with pytest.raises(SourceError, match="cannot list task group"):
+        from_task_groups(
+            queue_emulator.queue(), [taskcluster.slugid.nice()], prefix="coalesce.v1", rank_tag=None
+        )

@@ -31,7 +31,17 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 * ``co:{K}:lease``     string: the enforcer working on the key, with a TTL.
 
 Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash) and
-``co:outbox`` (zset, key → last time it may have had outbox work).
+``co:outbox`` (zset, key → last time it may have had outbox work). In the slot of ``co:keys``
+(hash tag ``{co:keys}``, so that one script can write both zsets):
+
+* ``{co:keys}:expiry`` zset   key → when its data expires (its newest deadline plus the grace
+  period): the sweeper forgets a key from both zsets once that has passed;
+* ``{co:keys}:census`` hash   the index's totals (keys with pending tasks, pending tasks, the
+  oldest wait), counted in the background for ``/metrics`` and ``/v1/stats``;
+* ``{co:keys}:lease``  string the process doing that upkeep round, with a TTL.
+
+Per task, in the task's own slot: ``co:task:{taskId}`` (set) the keys the task is indexed
+under, for its page; it expires with the task (deadline plus grace).
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ import functools
 KEYS_INDEX = "co:keys"
 STATS = "co:stats"
 OUTBOX = "co:outbox"
+KEYS_EXPIRY = "{co:keys}:expiry"
+CENSUS = "{co:keys}:census"
+UPKEEP_LEASE = "{co:keys}:lease"
 #: The consumer group of every outbox stream.
 OUTBOX_GROUP = "enforce"
 
@@ -84,3 +97,8 @@ def settled(key: str) -> tuple[str, str, str, str, str, str, str, str]:
 
 def lease(key: str) -> str:
     return f"co:{{{key}}}:lease"
+
+
+def task(task_id: str) -> str:
+    """The keys ``task_id`` is indexed under."""
+    return f"co:task:{{{task_id}}}"

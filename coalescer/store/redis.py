@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
-from coalescer import model
+from coalescer import keyset, model
 from coalescer.errors import StoreUnavailable
 from coalescer.store import keys, views
 from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients
@@ -39,6 +39,8 @@ _SCRIPTS = (
     "settle",
     "lease",
     "idle",
+    "list",
+    "unlist",
 )
 #: How many resolutions and answers each key remembers for the pages.
 LOG_LENGTH = 50
@@ -166,8 +168,20 @@ class Store:
                 )
                 if key in deciding:
                     queue_decide(self, pipe, key, deciding[key], now, ev)
-            activity = {key: now for _, key in calls}
-            pipe.zadd(keys.KEYS_INDEX, activity)
+            # Keys and tasks are known until their newest deadline plus grace (keyset.py).
+            expiring: dict[str, int] = {}
+            for i, key in calls:
+                expires = keyset.expires_ms(events[i].deadline_ms, self.grace_ms)
+                if expires > now:
+                    expiring[key] = max(expires, expiring.get(key, 0))
+            if expiring:
+                pairs = [a for item in expiring.items() for a in item]
+                self._eval(pipe, "list", (keys.KEYS_INDEX, keys.KEYS_EXPIRY), now, *pairs)
+            for ev in events:
+                expires = keyset.expires_ms(ev.deadline_ms, self.grace_ms)
+                if ev.keys and expires > now:
+                    pipe.sadd(keys.task(ev.task_id), *ev.keys)
+                    pipe.pexpire(keys.task(ev.task_id), expires - now)
             if deciding:
                 pipe.zadd(keys.OUTBOX, {key: now for key in deciding})
             for i, key in calls:
@@ -203,6 +217,8 @@ class Store:
         trip; only the newest :data:`LOG_LENGTH` per key are kept, so only those are sent.
         Each listed task also gets a record of the newest answer that listed it (task page)."""
         per_task = views.answer_records(reversed(answers))
+        # A task answered before the index knew it has a page through its answer alone.
+        unknown = {(key, initial) for key, initial, _, reason, _ in answers if reason == "unknown"}
         per_key: dict[str, list[str]] = {}
         for key, initial, answer, reason, at_ms in reversed(answers):
             entries = per_key.setdefault(key, [])
@@ -226,6 +242,9 @@ class Store:
                     views.ANSWERED_TTL_MS,
                     *args,
                 )
+            for key, initial in unknown:
+                pipe.sadd(keys.task(initial), key)
+                pipe.pexpire(keys.task(initial), views.ANSWERED_TTL_MS)
 
         if per_key:
             await self._pipeline(fill)
@@ -284,7 +303,8 @@ class Store:
         return [entry.decode().split("|", 5) for entry in raw]
 
     async def keys(self, *, since_ms: int = 0) -> list[tuple[str, int]]:
-        """Known coalescing keys with their last activity (ms), most recent first."""
+        """Every known coalescing key with its last activity (ms), most recent first: O(keys),
+        for the commands and the enforcer; the pages read pages of keys (:mod:`.keyset`)."""
         (raw,) = await self._pipeline(
             lambda pipe: pipe.zrevrangebyscore(keys.KEYS_INDEX, "+inf", since_ms, withscores=True)
         )
@@ -302,17 +322,18 @@ class Store:
         )
         return dict(zip(key_names, map(int, counts), strict=True))
 
-    async def forget_key(self, key: str) -> None:
-        await self._pipeline(lambda pipe: pipe.zrem(keys.KEYS_INDEX, key))
-
     async def forget(self, key: str, task_ids: Sequence[str]) -> int:
         """Drop ``task_ids`` from ``key`` entirely (the queue no longer knows them), atomically;
         returns how many the index held."""
         if not task_ids:
             return 0
-        (held,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "forget", keys.group(key), *task_ids)
-        )
+
+        def fill(pipe: Any) -> None:
+            self._eval(pipe, "forget", keys.group(key), *task_ids)
+            for task_id in task_ids:
+                pipe.srem(keys.task(task_id), key)
+
+        held, *_ = await self._pipeline(fill)
         return int(held)
 
     async def stats(self) -> dict[str, str]:

@@ -26,6 +26,7 @@ from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreUnava
 from coalescer.observe import HTTP_ERRORS, STORE_ERRORS, Observer, exposition
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
+from coalescer.upkeep import keep_index
 from coalescer.web import api, lineage, pages, tracing
 from coalescer.web.ingest import post_events
 from coalescer.web.openapi import openapi
@@ -149,6 +150,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             app.state.learner = Learner.from_settings(settings, app.state.store)
         logs.adopt_uvicorn()
         flusher = asyncio.create_task(_flush_forever(app.state.observer))
+        upkeep = asyncio.create_task(keep_index(app.state.store))  # forgets keys, counts
         listener = None
         if settings.pulse_url is not None and settings.redis_url is None:
             # Embedded store: the Pulse consumer must live in this process to share it.
@@ -174,9 +176,10 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
                 await listener.stop()
             if enforcer is not None:
                 await enforcer.stop()
-            flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await flusher
+            for task in (flusher, upkeep):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await app.state.observer.flush()
             if app.state.learner is not None:
                 await app.state.learner.close()

@@ -158,7 +158,7 @@ async def search(
     found: Listed = []
     examined = 0
     while True:
-        at, listed = await scan(store, at, count=keyset.STEP)
+        at, listed = await scan(store, at, count=min(keyset.STEP, budget))
         examined += len(listed)
         found += [(k, a) for k, a in listed if wanted(k)]
         if at == 0 or examined >= budget:

@@ -37,6 +37,7 @@ async def sweep(store: Store, *, now_ms: int | None = None, step: int = keyset.S
     while True:
         gone, kept = await stored.sweep(store, now_ms=now_ms or _now_ms(), limit=step)
         forgotten += gone
+        _stop_if_cancelled()
         if gone + kept < step:  # the last batch, or keys that changed meanwhile: next round
             return forgotten
 
@@ -56,6 +57,7 @@ async def count(
             tally.add(s.pending, s.oldest_since_ms)
         if at == 0:
             break
+        _stop_if_cancelled()
         if pause:
             await asyncio.sleep(pause)
     await stored.save_census(store, tally, started)
@@ -78,4 +80,13 @@ async def keep_index(store: Store, *, every: float = EVERY) -> None:
         except StoreUnavailable as exc:
             wait = min(wait * 2, MAX_BACKOFF)
             log.warning("index upkeep failed, next try in %.0f s: %s", wait, exc)
+        _stop_if_cancelled()
         await asyncio.sleep(wait)
+
+
+def _stop_if_cancelled() -> None:
+    """Stop if cancelled: a cancellation that arrives while redis-py runs a command can be
+    lost (the command completes), and this loop would then sleep and go on for ever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

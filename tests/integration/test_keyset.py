@@ -208,6 +208,18 @@ async def test_upkeep_survives_an_unreachable_store_and_goes_on(
             server.stop()
 
 
+async def test_the_web_process_runs_the_upkeep_and_stops_it_on_shutdown(
+    store: Store, redis_client: aioredis.Redis, redis_url: str
+) -> None:
+    await redis_client.zadd(keys.KEYS_INDEX, {"old": 1})
+    await redis_client.zadd(keys.KEYS_EXPIRY, {"old": 1})
+    app = create_app(Settings.from_environ({"REDIS_URL": redis_url}), store)
+    async with app.router.lifespan_context(app):
+        await eventually(lambda: _forgotten_and_counted(redis_client))
+    running = [t for t in asyncio.all_tasks() if "keep_index" in repr(t.get_coro())]
+    assert running == []
+
+
 async def _true(value: bool) -> bool:
     return value
 

@@ -26,6 +26,9 @@ COUNT_INLINE = 1000
 LIST_CAP = 1000
 #: Keys a filtered overview examines per page (the next page goes on from there).
 SEARCH_BUDGET = 5000
+#: A task's page looks for the task under this many most recently active keys (one round
+#: trip), unless told its key (``?key=``).
+TASK_PAGE_KEYS = 1000
 
 
 def expires_ms(deadline_ms: int, grace_ms: int) -> int:

@@ -24,19 +24,13 @@ MAX_CHAIN = 16
 REPLACED = frozenset({"decided", "settling", "held", "superseded", "canceled"})
 
 
-async def deciding_keys(
-    store: Store, policy: Policy | None, task_id: str | None = None
-) -> list[str]:
-    """The keys whose rule decides on arrival (the only ones with lineage): those ``task_id``
-    is indexed under (a decision is taken among one key's tasks), or without one, among the
+async def deciding_keys(store: Store, policy: Policy | None) -> list[str]:
+    """The keys whose rule decides on arrival (the only ones with lineage), among the
     :data:`~coalescer.keyset.LIST_CAP` most recently active keys."""
     if policy is None or not policy.decides:
         return []
-    if task_id is not None:
-        names = await stored.task_keys(store, task_id)
-    else:
-        names = [k for k, _ in (await stored.recent(store, 0, keyset.LIST_CAP - 1))[0]]
-    return [k for k in names if policy.rule_for(k).decides]
+    listed, _ = await stored.recent(store, 0, keyset.LIST_CAP - 1)
+    return [k for k, _ in listed if policy.rule_for(k).decides]
 
 
 def _decision_json(d: records.Decision, task_id: str) -> dict[str, Any]:
@@ -54,9 +48,8 @@ def _decision_json(d: records.Decision, task_id: str) -> dict[str, Any]:
 
 async def lineage(store: Store, policy: Policy | None, task_id: str) -> dict[str, Any] | None:
     """``GET /v1/tasks/<taskId>``'s answer, or None when no decision names the task."""
-    mine, theirs = await records.lineage(
-        store, await deciding_keys(store, policy, task_id), task_id
-    )
+    names = await deciding_keys(store, policy)
+    mine, theirs = await records.lineage(store, names, task_id)
     if not mine and not theirs:
         return None
     by = min(mine, key=lambda d: d.at_ms) if mine else None
@@ -66,9 +59,7 @@ async def lineage(store: Store, policy: Policy | None, task_id: str) -> dict[str
     while step is not None and step.by not in seen and len(chain) < MAX_CHAIN:
         chain.append(step.by)
         seen.add(step.by)
-        above, _ = await records.lineage(
-            store, await deciding_keys(store, policy, step.by), step.by
-        )
+        above, _ = await records.lineage(store, names, step.by)
         step = min(above, key=lambda d: d.at_ms) if above else None
     return {
         "taskId": task_id,
@@ -83,12 +74,11 @@ async def lineage(store: Store, policy: Policy | None, task_id: str) -> dict[str
 async def handoff(store: Store, policy: Policy | None, task_id: str) -> list[dict[str, Any]]:
     """What ``task_id`` replaces, transitively, oldest decision first: ``[{taskId, runId,
     task}]`` (``task`` is the definition the enforcer saw, or None if it has not acted yet)."""
+    names = await deciding_keys(store, policy)
     found: list[records.Decision] = []
     todo, seen = [task_id], {task_id}
     while todo and len(found) < 1000:
-        primary = todo.pop(0)
-        names = await deciding_keys(store, policy, primary)
-        _, theirs = await records.lineage(store, names, primary)
+        _, theirs = await records.lineage(store, names, todo.pop(0))
         for d in theirs:
             if d.task_id not in seen and d.state in REPLACED:
                 seen.add(d.task_id)
@@ -112,9 +102,8 @@ async def handoff(store: Store, policy: Policy | None, task_id: str) -> list[dic
 
 
 async def stats(store: Store, policy: Policy | None) -> list[dict[str, Any]]:
-    """Per deciding key and rule (among the most recently active keys, see
-    :func:`deciding_keys`): tasks superseded, canceled, released, and the worker time saved
-    (estimated from the key's recent run durations)."""
+    """Per deciding key and rule (:func:`deciding_keys`): tasks superseded, canceled,
+    released, and the worker time saved (estimated from the key's recent run durations)."""
     names = await deciding_keys(store, policy)
     out = []
     for key, counts in (await records.counters(store, names)).items():

@@ -39,9 +39,6 @@ Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats
 * ``{co:keys}:census`` hash   the index's totals (keys with pending tasks, pending tasks, the
   oldest wait), counted in the background for ``/metrics`` and ``/v1/stats``;
 * ``{co:keys}:lease``  string the process doing that upkeep round, with a TTL.
-
-Per task, in the task's own slot: ``co:task:{taskId}`` (set) the keys the task is indexed
-under, for its page; it expires with the task (deadline plus grace).
 """
 
 from __future__ import annotations
@@ -97,8 +94,3 @@ def settled(key: str) -> tuple[str, str, str, str, str, str, str, str]:
 
 def lease(key: str) -> str:
     return f"co:{{{key}}}:lease"
-
-
-def task(task_id: str) -> str:
-    """The keys ``task_id`` is indexed under."""
-    return f"co:task:{{{task_id}}}"

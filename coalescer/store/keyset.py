@@ -163,9 +163,3 @@ async def search(
         found += [(k, a) for k, a in listed if wanted(k)]
         if at == 0 or examined >= budget:
             return found, at
-
-
-async def task_keys(store: Store, task_id: str) -> list[str]:
-    """The keys ``task_id`` is indexed under (it is forgotten with the task)."""
-    (members,) = await store._pipeline(lambda pipe: pipe.smembers(keys.task(task_id)))
-    return sorted(_text(m) for m in members)

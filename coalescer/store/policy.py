@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
 #: Most decisions one script call takes; the rest follow on the next event or tick.
 MAX_DECISIONS = 256
-#: How long the record of a canceled dependent's key lasts (its own deadline is not known here).
-CASCADED_TTL_MS = 7 * 86_400_000
 
 
 class KeyPolicy(Protocol):
@@ -250,9 +248,8 @@ async def settle(
 ) -> tuple[bool, int]:
     """Move ``victim`` from one of ``expected`` states to ``new`` and acknowledge ``entry_id``
     (see ``settle.lua``); returns whether the state changed and the milliseconds saved."""
-
-    def fill(pipe: Any) -> None:
-        store._eval(
+    (raw,) = await store._pipeline(
+        lambda pipe: store._eval(
             pipe,
             "settle",
             keys.settled(key),
@@ -269,10 +266,5 @@ async def settle(
             definition,
             ",".join(cascaded),
         )
-        # A dependent need not be indexed under the key: its page finds the decision here.
-        for dep in cascaded:
-            pipe.sadd(keys.task(dep), key)
-            pipe.pexpire(keys.task(dep), CASCADED_TTL_MS)
-
-    raw, *_ = await store._pipeline(fill)
+    )
     return bool(int(raw[0])), int(raw[1])

@@ -168,7 +168,7 @@ class Store:
                 )
                 if key in deciding:
                     queue_decide(self, pipe, key, deciding[key], now, ev)
-            # Keys and tasks are known until their newest deadline plus grace (keyset.py).
+            # A key is known until the newest deadline plus grace of its tasks (keyset.py).
             expiring: dict[str, int] = {}
             for i, key in calls:
                 expires = keyset.expires_ms(events[i].deadline_ms, self.grace_ms)
@@ -177,11 +177,6 @@ class Store:
             if expiring:
                 pairs = [a for item in expiring.items() for a in item]
                 self._eval(pipe, "list", (keys.KEYS_INDEX, keys.KEYS_EXPIRY), now, *pairs)
-            for ev in events:
-                expires = keyset.expires_ms(ev.deadline_ms, self.grace_ms)
-                if ev.keys and expires > now:
-                    pipe.sadd(keys.task(ev.task_id), *ev.keys)
-                    pipe.pexpire(keys.task(ev.task_id), expires - now)
             if deciding:
                 pipe.zadd(keys.OUTBOX, {key: now for key in deciding})
             for i, key in calls:
@@ -217,8 +212,6 @@ class Store:
         trip; only the newest :data:`LOG_LENGTH` per key are kept, so only those are sent.
         Each listed task also gets a record of the newest answer that listed it (task page)."""
         per_task = views.answer_records(reversed(answers))
-        # A task answered before the index knew it has a page through its answer alone.
-        unknown = {(key, initial) for key, initial, _, reason, _ in answers if reason == "unknown"}
         per_key: dict[str, list[str]] = {}
         for key, initial, answer, reason, at_ms in reversed(answers):
             entries = per_key.setdefault(key, [])
@@ -242,9 +235,6 @@ class Store:
                     views.ANSWERED_TTL_MS,
                     *args,
                 )
-            for key, initial in unknown:
-                pipe.sadd(keys.task(initial), key)
-                pipe.pexpire(keys.task(initial), views.ANSWERED_TTL_MS)
 
         if per_key:
             await self._pipeline(fill)
@@ -327,13 +317,9 @@ class Store:
         returns how many the index held."""
         if not task_ids:
             return 0
-
-        def fill(pipe: Any) -> None:
-            self._eval(pipe, "forget", keys.group(key), *task_ids)
-            for task_id in task_ids:
-                pipe.srem(keys.task(task_id), key)
-
-        held, *_ = await self._pipeline(fill)
+        (held,) = await self._pipeline(
+            lambda pipe: self._eval(pipe, "forget", keys.group(key), *task_ids)
+        )
         return int(held)
 
     async def stats(self) -> dict[str, str]:

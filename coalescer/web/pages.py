@@ -206,12 +206,25 @@ async def task_page(request: Request) -> Response:
         if wants_html(request):
             return error_page(request, 400, str(exc))
         raise
-    found = await views.task_view(_store(request), task_id)
+    store = _store(request)
+    hint = request.query_params.get("key")
+    if hint:
+        names = [model.check_key(hint)]
+    else:
+        listed, _ = await stored.recent(store, 0, keyset.TASK_PAGE_KEYS - 1)
+        names = [k for k, _ in listed]
+    found = await views.task_view(store, task_id, names)
     if not found:
+        where = (
+            f"under key {hint!r}"
+            if hint
+            else f"under the {keyset.TASK_PAGE_KEYS} most recently active keys (add "
+            "?key=<key> to look under another)"
+        )
         message = (
-            f"the service knows nothing of task {task_id}: it has seen no event of it under a "
-            "coalescing route and no answer that listed it, or it has been forgotten since its "
-            "deadline passed"
+            f"the service knows nothing of task {task_id} {where}: it has seen no event of it "
+            "under a coalescing route and no answer that listed it, or it has been forgotten "
+            "since its deadline passed"
         )
         if wants_html(request):
             return error_page(request, 404, message, task_id=task_id)

@@ -56,7 +56,6 @@ async def test_a_key_is_forgotten_with_its_last_task(
     await store.apply([ev("A", "k", NOW + MINUTE), ev("B", "k", NOW + 2 * MINUTE)], now_ms=NOW)
     await store.apply([ev("C", "other", NOW + MINUTE)], now_ms=NOW)
     assert await known(redis_client) == (2, 2)
-    assert await stored.task_keys(store, "A") == ["k"]
 
     # A's deadline plus grace has passed, B's not: "k" stays, with its last activity.
     assert await upkeep.sweep(store, now_ms=NOW + MINUTE + GRACE + 1) == 1
@@ -68,7 +67,6 @@ async def test_a_key_is_forgotten_with_its_last_task(
 async def test_an_expired_event_lists_no_key(store: Store, redis_client: aioredis.Redis) -> None:
     assert await store.apply([ev("A", "k", NOW - GRACE)], now_ms=NOW) == ["expired"]
     assert await known(redis_client) == (0, 0)
-    assert await stored.task_keys(store, "A") == []
 
 
 async def test_a_key_that_got_a_task_while_being_swept_is_kept(
@@ -107,15 +105,6 @@ async def test_keys_listed_without_an_expiry_get_one_and_are_forgotten(
     assert await upkeep.sweep(store, now_ms=NOW) == 1
     assert await store.keys() == [("live", NOW)]
     assert await redis_client.zscore(keys.KEYS_EXPIRY, "live") == NOW + MINUTE + GRACE
-
-
-async def test_a_task_forgotten_by_reconcile_leaves_its_key_record(store: Store) -> None:
-    await store.apply(
-        [TaskEvent("A", 0, "pending", ("k", "j"), 1.0, NOW + MINUTE, NOW)], now_ms=NOW
-    )
-    assert await stored.task_keys(store, "A") == ["j", "k"]
-    assert await store.forget("k", ["A"]) == 1
-    assert await stored.task_keys(store, "A") == ["j"]
 
 
 async def test_the_overview_pages_through_the_keys_most_recent_first(store: Store) -> None:
@@ -350,10 +339,14 @@ async def test_100k_keys_cost_a_page_per_request_and_are_forgotten_with_their_ta
             assert spent <= 5 * keyset.PAGE_SIZE and "late.key" in r.text
             spent, r = await cost("/v1/list")
             assert spent <= keyset.LIST_CAP + 5 and len(r.json()["coalesce.v1."]) == keyset.LIST_CAP
+            # A task page looks under the most recently active keys, or under the key it names.
             spent, r = await cost(f"/tasks/{late}")
-            assert spent <= 5 and [k["key"] for k in r.json()["keys"]] == ["late.key"]
-            spent, r = await cost(f"/tasks/{tasks[500]}", Accept="text/html")
+            assert spent <= 2 * keyset.TASK_PAGE_KEYS + 5
+            assert [k["key"] for k in r.json()["keys"]] == ["late.key"]
+            spent, r = await cost(f"/tasks/{tasks[500]}?key=many.k500", Accept="text/html")
             assert spent <= 5 and "many.k500" in r.text
+            r = await client.get(f"/tasks/{tasks[0]}")
+            assert r.status_code == 404 and "?key=" in r.json()["error"]
 
         # Every task's deadline plus grace passes: every key is forgotten, the late one last.
         swept = time.perf_counter()
@@ -373,3 +366,11 @@ def gauges(text: str) -> dict[str, float]:
         for s in family.samples
         if not s.labels
     }
+
+
+async def test_a_key_page_links_its_tasks_with_their_key(store: Store) -> None:
+    await store.apply([ev("A", "some.key", NOW + MINUTE)], now_ms=NOW)
+    app = create_app(Settings.from_environ({}), store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        page = (await c.get("/some.key", headers={"Accept": "text/html"})).text
+    assert 'href="/tasks/A?key=some.key"' in page

@@ -95,7 +95,7 @@ def cursor(raw: str | None) -> int:
     """``?after=``: where a filtered overview goes on (0: from the start)."""
     if raw is None or raw == "":
         return 0
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:  # Redis takes 64 bits
         raise InvalidInput("query parameter 'after' must be the cursor a previous page gave")
     return int(raw)
 

@@ -1,4 +1,4 @@
-"""The key set in Redis: sweeping out expired keys, counting totals, pages of keys, a task's keys.
+"""The key set in Redis: sweeping out expired keys, counting totals, pages of keys.
 
 ``co:keys`` (key → last activity) and ``{co:keys}:expiry`` (key → when its data expires) share
 one hash slot, so ``list.lua`` (on every write, see :meth:`Store.apply`) and ``unlist.lua``

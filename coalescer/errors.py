@@ -7,7 +7,11 @@
     │   └── worker.runner.MalformedPayload   a task payload the reference worker cannot run
     ├── AuthError            ingest token missing or wrong
     │   └── IngestDisabled   no ingest token configured
-    ├── StoreUnavailable     Redis cannot be reached (the web edge answers 503)
+    ├── StoreError           the store (Redis) failed a command
+    │   ├── StoreUnavailable unreachable, too slow, or refusing writes for now (full, read-only,
+    │   │                    loading, busy, cluster down): hold and retry (the web edge: 503)
+    │   └── StoreRejected    refused one command for good (a script error, a wrong type): a bug,
+    │                        or an event that can never apply
     └── worker.protocol.SupersederError      a superseder's answer cannot be used (the task
                                              then runs alone)
 
@@ -15,6 +19,8 @@ Only ``coalescer.web`` maps these to HTTP status codes.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 class CoalescerError(Exception):
@@ -41,5 +47,33 @@ class IngestDisabled(AuthError):
     """Ingest is off because no token is configured."""
 
 
-class StoreUnavailable(CoalescerError):
-    """The store (Redis) cannot be reached or failed mid-command."""
+class StoreError(CoalescerError):
+    """The store (Redis) failed a command; ``reason`` labels why, for metrics and logs."""
+
+    reason = "rejected"
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot serve now: unreachable, too slow, or refusing writes (full, read-only,
+    loading, busy). It is never the request's or the event's fault: hold it and retry.
+
+    ``reason`` is a short label for metrics and logs (``unreachable``, ``timeout``, ``full``,
+    ``read-only``, ...). ``outcomes``, when a write was partly done, holds each event's outcome
+    (``None`` for an event that was not applied), so that a caller can say what was applied.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str = "unreachable",
+        outcomes: Sequence[str | None] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.outcomes = outcomes
+
+
+class StoreRejected(StoreError):
+    """The store refused a command for a reason retrying cannot fix (a script error, a key of
+    the wrong type): a bug, or an event that can never apply."""

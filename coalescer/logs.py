@@ -86,3 +86,24 @@ def adopt_uvicorn() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+
+
+class Throttled:
+    """Log the first of a run of alike lines at once, then at most one every ``every`` seconds,
+    saying how many were held back: an outage must not write a line per failed request."""
+
+    def __init__(self, logger: logging.Logger, every: float = 10.0) -> None:
+        self.logger = logger
+        self.every = every
+        self._last = -float("inf")
+        self._held = 0
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last < self.every:
+            self._held += 1
+            return
+        if self._held:
+            message += f" ({self._held} more like this in the last {now - self._last:.0f} s)"
+        self._last, self._held = now, 0
+        self.logger.log(level, message, *args)

@@ -18,15 +18,19 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from coalescer import keyset
-from coalescer.errors import StoreUnavailable
+from coalescer.errors import StoreError, StoreUnavailable
 from coalescer.store import Store, views
 from coalescer.store import keyset as stored
+
+if TYPE_CHECKING:
+    from coalescer.health import Health
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,17 @@ QUERY_SECONDS = Histogram(
     "included, sending the response not)",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
-STORE_ERRORS = Counter("coalescer_store_errors", "Store (Redis) failures seen by the service")
+STORE_ERRORS = Counter(
+    "coalescer_store_errors",
+    "Store (Redis) failures seen by the service, by reason (unreachable, timeout, full, "
+    "read-only, loading, busy, ...)",
+    ["reason"],
+)
+HELD = Gauge(
+    "coalescer_ingest_held_events",
+    "Pulse events held (not acknowledged) while the store cannot take them",
+    multiprocess_mode="livesum",
+)
 HTTP_ERRORS = Counter("coalescer_http_errors", "Error responses sent, by status code", ["status"])
 
 #: Names of the shared counters (``/v1/stats``) per ingest outcome.
@@ -79,6 +93,7 @@ class Observer:
         self._answers: collections.deque[views.GivenAnswer] = collections.deque(maxlen=buffer)
         self._seconds: collections.deque[float] = collections.deque(maxlen=buffer)
         self._counted = 0  # answers at the head of the buffer already in the metrics
+        self._uncounted: collections.Counter[str] = collections.Counter()  # for /v1/stats
 
     def answer(
         self,
@@ -109,12 +124,22 @@ class Observer:
         ).items():
             EVENTS.labels(source, exchange, outcome).inc(n)
         counts = collections.Counter(outcomes)
-        shared = {STAT_NAMES.get(k, f"events_{k}"): n for k, n in counts.items()}
+        shared = collections.Counter(
+            {STAT_NAMES.get(k, f"events_{k}"): n for k, n in counts.items()}
+        )
         shared["total_msgs_handled"] = sum(counts.values())
-        await self.store.count(shared)
+        # The shared counters wait while the store cannot take them; they never fail ingest.
+        self._uncounted.update(shared)
+        try:
+            await self.store.count(dict(self._uncounted))
+        except StoreError as exc:
+            STORE_ERRORS.labels(exc.reason).inc()
+            return
+        self._uncounted.clear()
 
     async def flush(self) -> None:
-        """Write buffered answers to the keys' logs; keep them if the store is down."""
+        """Write buffered answers to the keys' logs; keep them, and raise, if the store is
+        down (the supervisor tries again later)."""
         seconds, self._seconds = self._seconds, collections.deque(maxlen=self._seconds.maxlen)
         for s in seconds:
             QUERY_SECONDS.observe(s)
@@ -129,9 +154,9 @@ class Observer:
         self._counted = len(batch)
         try:
             await self.store.remember_answers(batch)
-        except StoreUnavailable:
-            STORE_ERRORS.inc()
-            return
+        except StoreUnavailable as exc:
+            STORE_ERRORS.labels(exc.reason).inc()
+            raise
         for _ in batch:
             self._answers.popleft()
         self._counted = 0
@@ -139,17 +164,22 @@ class Observer:
 
 class _IndexGauges(Collector):
     """Gauges of the index (the same from every process): the keys known now, the rest as the
-    last count found them (:func:`coalescer.store.keyset.totals`)."""
+    last count found them (:func:`coalescer.store.keyset.totals`); and the health of the
+    process scraped."""
 
-    def __init__(self, totals: keyset.Totals | None, up: bool, now_ms: int) -> None:
+    def __init__(
+        self, totals: keyset.Totals | None, up: bool, now_ms: int, health: Health | None
+    ) -> None:
         self.totals = totals
         self.up = up
         self.now_ms = now_ms
+        self.health = health
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("coalescer_store_up", "1 when the store (Redis) answered")
         up.add_metric([], 1 if self.up else 0)
         yield up
+        yield from self._health()
         if self.totals is None:
             return
         t = self.totals
@@ -184,6 +214,40 @@ class _IndexGauges(Collector):
             gauge.add_metric([], value)
             yield gauge
 
+    def _health(self) -> Iterator[GaugeMetricFamily]:
+        health = self.health
+        if health is None:
+            return
+        for name, doc, value in (
+            (
+                "coalescer_store_writable",
+                "1 when the store took the last write probe (a full or read-only Redis: 0)",
+                health.store_down is None,
+            ),
+            (
+                "coalescer_store_evicting",
+                "1 when Redis's maxmemory-policy may evict index keys (set noeviction)",
+                health.eviction is not None,
+            ),
+            (
+                "coalescer_index_complete",
+                "0 from when the store is found empty (new, or emptied) until a rebuild from the "
+                "queue (coalescer reconcile --rebuild) completes",
+                health.index_complete is not False,
+            ),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], 1 if value else 0)
+            yield gauge
+        failing = GaugeMetricFamily(
+            "coalescer_background_failing",
+            "1 while a background task of the process scraped keeps failing, by task",
+            labels=["task"],
+        )
+        for name, loop in sorted(health.loops.items()):
+            failing.add_metric([name], 1 if loop.failing else 0)
+        yield failing
+
 
 def _process_registry() -> CollectorRegistry:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -195,18 +259,18 @@ def _process_registry() -> CollectorRegistry:
     return REGISTRY
 
 
-async def exposition(store: Store) -> bytes:
-    """The ``/metrics`` body: this service's counters (every process's, in multiprocess mode)
-    and the index gauges, read now."""
+async def exposition(store: Store, health: Health | None = None) -> bytes:
+    """The ``/metrics`` body: this service's counters (every process's, in multiprocess mode),
+    the index gauges, read now, and this process's ``health``."""
     now_ms = int(time.time() * 1000)
     totals: keyset.Totals | None = None
     up = True
     try:
         totals = await stored.totals(store, now_ms=now_ms)
     except StoreUnavailable as exc:
-        STORE_ERRORS.inc()
+        STORE_ERRORS.labels(exc.reason).inc()
         log.warning("metrics without the index gauges: %s", exc)
         up = False
     gauges = CollectorRegistry(auto_describe=False)
-    gauges.register(_IndexGauges(totals, up, now_ms))
+    gauges.register(_IndexGauges(totals, up, now_ms, health))
     return generate_latest(_process_registry()) + generate_latest(gauges)

@@ -67,6 +67,10 @@ class Settings:
     learn_unknown: bool = True
     #: ``COALESCER_LEARN_TIMEOUT``: seconds a query waits for the queue's answer at most
     learn_timeout: float = 2.0
+    #: ``COALESCER_QUERY_TIMEOUT``: seconds a superseding query waits for Redis at most, below
+    #: a worker's superseder timeout (docker-worker's was 5 s), so that workers get a clear
+    #: 503 and run their task alone instead of timing out
+    query_timeout: float = 2.0
     pulse_url: Secret | None = None
     pulse_queue: str | None = None
     pulse_prefetch: int = 64
@@ -137,6 +141,7 @@ class Settings:
             taskcluster_root_url=(get("TASKCLUSTER_ROOT_URL") or "").rstrip("/") or None,
             learn_unknown=flag("COALESCER_LEARN_UNKNOWN", cls.learn_unknown),
             learn_timeout=seconds("COALESCER_LEARN_TIMEOUT", cls.learn_timeout),
+            query_timeout=seconds("COALESCER_QUERY_TIMEOUT", cls.query_timeout),
             pulse_url=Secret(pulse) if pulse else None,
             pulse_queue=get("PULSE_QUEUE"),
             pulse_prefetch=integer("COALESCER_PULSE_PREFETCH", cls.pulse_prefetch, 1),

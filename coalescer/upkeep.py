@@ -2,8 +2,8 @@
 expired, and count the totals that ``/metrics`` and ``/v1/stats`` show.
 
 Both walk the key set in bounded steps (:data:`coalescer.keyset.STEP` keys, one round trip
-each), so no request ever pays for every key. One process at a time does a round (a lease in
-Redis); every process reads the totals the last round saved.
+each), so no request ever pays for every key. One process at a time does the rounds (a lease
+in Redis); every process reads the totals the last round saved.
 """
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from coalescer import keyset
-from coalescer.errors import StoreUnavailable
 from coalescer.store import Store, views
 from coalescer.store import keyset as stored
 
 log = logging.getLogger(__name__)
 
-#: Seconds between upkeep rounds; the longest wait after a store error.
+#: Seconds between upkeep rounds.
 EVERY = 15.0
-MAX_BACKOFF = 300.0
 #: Seconds between the steps of a round, so that a large index is walked gently.
 PAUSE = 0.02
 
@@ -64,29 +63,26 @@ async def count(
     return tally
 
 
-async def keep_index(store: Store, *, every: float = EVERY) -> None:
-    """Upkeep rounds every ``every`` seconds, forever; a store error is logged and the next
-    round waits longer (up to :data:`MAX_BACKOFF`)."""
+def rounds(store: Store, *, every: float = EVERY) -> Callable[[], Awaitable[None]]:
+    """One upkeep round per call, for the web process's supervisor to run every ``every``
+    seconds (it retries a round that failed, later and later). A round is done by the process
+    holding the upkeep lease, which it keeps while it does rounds."""
     token = uuid.uuid4().hex
-    wait = every
-    while True:
-        try:
-            if await stored.hold(store, token, int(every * 2000)):
-                forgotten = await sweep(store)
-                if forgotten:
-                    log.info("forgot %d coalescing keys whose tasks have all expired", forgotten)
-                await count(store, pause=PAUSE)
-            wait = every
-        except StoreUnavailable as exc:
-            wait = min(wait * 2, MAX_BACKOFF)
-            log.warning("index upkeep failed, next try in %.0f s: %s", wait, exc)
+
+    async def one_round() -> None:
+        if await stored.hold(store, token, int(every * 2000)):
+            forgotten = await sweep(store)
+            if forgotten:
+                log.info("forgot %d coalescing keys whose tasks have all expired", forgotten)
+            await count(store, pause=PAUSE)
         _stop_if_cancelled()
-        await asyncio.sleep(wait)
+
+    return one_round
 
 
 def _stop_if_cancelled() -> None:
     """Stop if cancelled: a cancellation that arrives while redis-py runs a command can be
-    lost (the command completes), and this loop would then sleep and go on for ever."""
+    lost (the command completes), and the round would go on, and the next one."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -136,12 +137,16 @@ def _listen(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
+    from coalescer.health import Health, Supervisor, watch_store
     from coalescer.ingest.pulse import Consumer
     from coalescer.observe import Observer
     from coalescer.store import open_store
 
     stop = _stop_event()
     store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)
+    # Says in the log when Redis stops taking writes, may evict keys, or was emptied.
+    supervisor = Supervisor(Health())
+    supervisor.every("watch-store", 5.0, functools.partial(watch_store, store, supervisor.health))
     try:
         consumer = Consumer(
             settings,
@@ -155,6 +160,7 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
         )
         await consumer.run(stop)
     finally:
+        await supervisor.stop()
         await store.close()
     return 0
 

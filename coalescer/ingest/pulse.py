@@ -22,6 +22,7 @@ wait for us.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -34,10 +35,12 @@ import orjson
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from coalescer.errors import ConfigError, InvalidEvent, StoreUnavailable
+from coalescer.health import Supervisor
 from coalescer.ingest import topology
 from coalescer.ingest.events import Message, to_event
+from coalescer.logs import Throttled
 from coalescer.model import TaskEvent
-from coalescer.observe import STORE_ERRORS, Observer
+from coalescer.observe import HELD, STORE_ERRORS, Observer
 from coalescer.settings import Settings
 from coalescer.store import Store
 
@@ -109,6 +112,7 @@ class Consumer:
         self.consuming = asyncio.Event()
         self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
         self._draining = False
+        self._held_log = Throttled(log)
 
     # -- life cycle -------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -128,6 +132,8 @@ class Consumer:
         )
         if not ready:
             return
+        self._inbox = asyncio.Queue()  # a restart after a crash begins afresh
+        self._draining = False
         self.connection = await aio_pika.connect_robust(
             self.url,
             client_properties={"connection_name": self.connection_name},
@@ -251,35 +257,65 @@ class Consumer:
         for i, outcome in zip(slots, await self._apply(events) if events else [], strict=True):
             outcomes[i] = outcome
         await self._settle(batch, outcomes)
-        try:
-            await self.observer.ingest("pulse", outcomes, [d.exchange or "" for d in batch])
-        except StoreUnavailable as exc:  # counters only: the events themselves are written
-            log.warning("could not count %d events: %s", len(outcomes), exc)
+        # Counting never holds or loses events: the observer keeps what it could not write.
+        await self.observer.ingest("pulse", outcomes, [d.exchange or "" for d in batch])
         return outcomes
 
-    async def _apply(self, events: list[TaskEvent], *, split: bool = True) -> list[str]:
-        """``Store.apply``, retried while the store is unavailable. Any other failure is retried
-        once event by event, and an event that fails alone is set aside: never retried forever."""
+    async def _apply(self, events: list[TaskEvent]) -> list[str]:
+        """``Store.apply``, held and retried for as long as the store cannot take it: a full,
+        read-only, frozen or missing Redis is never the events' fault. Only an event that the
+        store refuses alone, while it takes other writes, is set aside: never retried forever."""
+        try:
+            return await self._apply_held(events)
+        except Exception:
+            if len(events) == 1:
+                return [await self._isolated(events[0])]
+            log.exception("applying a batch of %d failed; trying each alone", len(events))
+            return [await self._isolated(ev) for ev in events]
+
+    async def _apply_held(self, events: Sequence[TaskEvent]) -> list[str]:
         delay = 0.2
+        try:
+            while True:
+                try:
+                    return list(await self.store.apply(events, policy=self.settings.policy))
+                except StoreUnavailable as exc:
+                    STORE_ERRORS.labels(exc.reason).inc()
+                    HELD.set(len(events))
+                    self._held_log.log(
+                        logging.WARNING,
+                        "store unavailable (%s); holding %d events, retrying every %.1f s at "
+                        "most: %s",
+                        exc.reason,
+                        len(events),
+                        delay,
+                        exc,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+        finally:
+            HELD.set(0)
+
+    async def _isolated(self, event: TaskEvent) -> str:
+        """Apply one event that failed in a batch: dead-letter it only when it fails alone and
+        the store proves it takes writes (a write probe succeeds)."""
         while True:
             try:
-                return list(await self.store.apply(events, policy=self.settings.policy))
+                return (await self._apply_held([event]))[0]
+            except Exception as exc:  # StoreRejected, or a bug met by this event
+                failure = exc
+            try:
+                await self.store.probe()
             except StoreUnavailable as exc:
-                STORE_ERRORS.inc()
-                log.warning(
-                    "store unavailable; holding %d events, retry in %.1f s: %s",
-                    len(events),
-                    delay,
-                    exc,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
-            except Exception:
-                if not split or len(events) == 1:
-                    log.exception("dead-lettering the event of task %s", events[0].task_id)
-                    return ["dead-lettered"] * len(events)
-                log.exception("applying a batch of %d failed; trying each alone", len(events))
-                return [(await self._apply([ev], split=False))[0] for ev in events]
+                log.warning("store cannot take writes (%s): holding the event", exc.reason)
+                await asyncio.sleep(1.0)
+                continue
+            log.error(
+                "dead-lettering the event of task %s: the store takes writes but refuses it",
+                event.task_id,
+                exc_info=failure,
+            )
+            return "dead-lettered"
 
     async def _settle(
         self, batch: Sequence[AbstractIncomingMessage], outcomes: Sequence[str]
@@ -314,28 +350,28 @@ def _unsettled(exc: Exception) -> None:
 
 class Listener:
     """A :class:`Consumer` as a background task of another process: ``coalescer serve`` with
-    the embedded store, where the web app and the consumer must share one in-process store."""
+    the embedded store, where the web app and the consumer must share one in-process store.
+    The supervisor restarts it when it crashes; a setting it cannot work with stops it (the web
+    app goes on serving what the index holds, and the heartbeat says why)."""
 
-    def __init__(self, consumer: Consumer) -> None:
+    def __init__(self, consumer: Consumer, supervisor: Supervisor) -> None:
         self.consumer = consumer
         self._stop = asyncio.Event()
-        self._task = asyncio.create_task(self._run())
+        self._task = supervisor.service("pulse", self._run)
 
     @classmethod
-    def start(cls, settings: Settings, store: Store, observer: Observer) -> Listener:
+    def start(
+        cls, settings: Settings, store: Store, observer: Observer, supervisor: Supervisor
+    ) -> Listener:
         # A one-machine setup (the emulator's bare RabbitMQ) may lack the exchanges; on Pulse
         # they exist, so nothing is ever declared there.
-        return cls(Consumer(settings, store, observer, declare_exchanges=True))
+        return cls(Consumer(settings, store, observer, declare_exchanges=True), supervisor)
 
     async def _run(self) -> None:
-        try:
-            await self.consumer.run(self._stop)
-        except ConfigError as exc:  # the web app goes on serving what the index holds
-            log.error("not consuming Pulse: %s", exc)
-        except Exception:
-            log.exception("the Pulse consumer failed")
+        await self.consumer.run(self._stop)
 
     async def stop(self) -> None:
         """Drain and stop (bounded by the consumer's drain timeout)."""
         self._stop.set()
-        await self._task
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coalescer.store.redis import Outcome, Store, open_store
+from coalescer.store.redis import IndexState, Outcome, Store, open_store
 from coalescer.store.views import TaskRecord
 
-__all__ = ["Outcome", "Store", "TaskRecord", "open_store"]
+__all__ = ["IndexState", "Outcome", "Store", "TaskRecord", "open_store"]

@@ -98,9 +98,10 @@ class ClusterRouter:
     follows the redirection and refreshes the map this router reads.
     """
 
-    def __init__(self, cluster: RedisCluster, redis_url: str) -> None:
+    def __init__(self, cluster: RedisCluster, redis_url: str, *, timeout: float = 10.0) -> None:
         self._cluster = cluster
         self._url = urlparse(redis_url)
+        self._timeout = timeout
         self._clients: dict[str, PipelinedClient] = {}
 
     def execute(self, *args: Any) -> Awaitable[Any]:
@@ -115,7 +116,9 @@ class ClusterRouter:
             raise ReplyError(f"no node known for {key!r}")
         client = self._clients.get(node.name)
         if client is None:
-            client = self._clients[node.name] = PipelinedClient(self._node_url(node))
+            client = self._clients[node.name] = PipelinedClient(
+                self._node_url(node), timeout=self._timeout
+            )
         return client.execute(*args)
 
     def _node_url(self, node: ClusterNode) -> str:

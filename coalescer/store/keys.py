@@ -30,9 +30,11 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 * ``co:{K}:df`` hash   victim taskId → its task definition (JSON), for the primary's handoff;
 * ``co:{K}:lease``     string: the enforcer working on the key, with a TTL.
 
-Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash) and
-``co:outbox`` (zset, key → last time it may have had outbox work). In the slot of ``co:keys``
-(hash tag ``{co:keys}``, so that one script can write both zsets):
+Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash),
+``co:outbox`` (zset, key → last time it may have had outbox work), ``co:index`` (hash: the
+index's state marker, ``state`` ok|lost, ``since_ms``, ``rebuilt_ms``; see ``marker.lua``) and
+``co:probe`` (string: a write that shows Redis takes writes). In the slot of ``co:keys`` (hash
+tag ``{co:keys}``, so that one script can write both zsets):
 
 * ``{co:keys}:expiry`` zset   key → when its data expires (its newest deadline plus the grace
   period): the sweeper forgets a key from both zsets once that has passed;
@@ -48,6 +50,8 @@ import functools
 KEYS_INDEX = "co:keys"
 STATS = "co:stats"
 OUTBOX = "co:outbox"
+INDEX_STATE = "co:index"
+PROBE = "co:probe"
 KEYS_EXPIRY = "{co:keys}:expiry"
 CENSUS = "{co:keys}:census"
 UPKEEP_LEASE = "{co:keys}:lease"

@@ -50,6 +50,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.timeout = timeout
+        self.timed_out = False
         self._watchdog: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -73,10 +74,15 @@ class _Protocol(asyncio.Protocol):
         self.closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
+        failure = (
+            StoreUnavailable(f"Redis did not answer within {self.timeout:g} s", reason="timeout")
+            if self.timed_out
+            else StoreUnavailable(f"Redis connection lost: {exc or 'closed'}")
+        )
         while self.waiters:
             future, _ = self.waiters.popleft()
             if not future.done():
-                future.set_exception(StoreUnavailable(f"Redis connection lost: {exc or 'closed'}"))
+                future.set_exception(failure)
 
     def send(self, packed: bytes) -> asyncio.Future[Any]:
         future = self.loop.create_future()
@@ -102,6 +108,7 @@ class _Protocol(asyncio.Protocol):
             return
         overdue = time.monotonic() - self.waiters[0][1] - self.timeout
         if overdue >= 0 and self.transport is not None:
+            self.timed_out = True
             self.transport.abort()
             return
         self._watchdog = self.loop.call_later(max(-overdue, 0.05), self._check)

@@ -15,9 +15,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import redis.exceptions
-
 from coalescer import model
+from coalescer.errors import StoreRejected
 from coalescer.store import keys
 
 if TYPE_CHECKING:
@@ -178,7 +177,7 @@ async def read(store: Store, key: str, consumer: str, *, count: int = 64) -> lis
 
     try:
         claimed, fresh = await store._pipeline(fill)
-    except redis.exceptions.ResponseError as exc:
+    except StoreRejected as exc:
         if "NOGROUP" not in str(exc):
             raise
         await _create_group(store, stream)
@@ -208,7 +207,7 @@ async def _create_group(store: Store, stream: str) -> None:
         await store._pipeline(
             lambda pipe: pipe.xgroup_create(stream, keys.OUTBOX_GROUP, id="0", mkstream=True)
         )
-    except redis.exceptions.ResponseError as exc:
+    except StoreRejected as exc:
         if "BUSYGROUP" not in str(exc):
             raise
 

@@ -1,11 +1,19 @@
 """The store's domain actions on Redis: apply events, read a key's snapshot, list keys, stats.
 
 Every action is one round trip. Writes for one coalescing key happen in one Lua script (see
-``scripts/``); Redis errors become :class:`~coalescer.errors.StoreUnavailable`.
+``scripts/``). Redis errors become domain errors (:func:`store_error`): the server's condition
+(unreachable, too slow, full, read-only, loading, busy, cluster down) is
+:class:`~coalescer.errors.StoreUnavailable`, never the caller's fault; anything else (a script
+error) is :class:`~coalescer.errors.StoreRejected`.
+
+The scripts that write start with ``#!lua``: Redis then checks memory once, before the script
+runs, so a full Redis refuses the whole script instead of failing it halfway through.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -17,7 +25,7 @@ import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
 from coalescer import keyset, model
-from coalescer.errors import StoreUnavailable
+from coalescer.errors import StoreError, StoreRejected, StoreUnavailable
 from coalescer.store import keys, views
 from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
@@ -39,11 +47,73 @@ _SCRIPTS = (
     "settle",
     "lease",
     "idle",
+    "marker",
     "list",
     "unlist",
 )
 #: How many resolutions and answers each key remembers for the pages.
 LOG_LENGTH = 50
+#: Redis error codes that describe the server's condition, never the command: retry later.
+CONDITIONS = {
+    "OOM": "full",
+    "READONLY": "read-only",
+    "MISCONF": "misconf",
+    "BUSY": "busy",
+    "LOADING": "loading",
+    "CLUSTERDOWN": "cluster-down",
+    "TRYAGAIN": "try-again",
+    "MASTERDOWN": "master-down",
+    "NOREPLICAS": "no-replicas",
+    "NOSCRIPT": "no-script",
+    "NOAUTH": "no-auth",
+    "WRONGPASS": "no-auth",
+    "NOPERM": "no-permission",
+}
+#: redis-py's classes for some of them (it strips the code from their message).
+_CONDITION_CLASSES: tuple[tuple[type[Exception], str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "full"),
+    (redis.exceptions.ReadOnlyError, "read-only"),
+    (redis.exceptions.BusyLoadingError, "loading"),
+    (redis.exceptions.ClusterDownError, "cluster-down"),
+    (redis.exceptions.TryAgainError, "try-again"),
+    (redis.exceptions.MasterDownError, "master-down"),
+    (redis.exceptions.NoScriptError, "no-script"),
+    (redis.exceptions.NoPermissionError, "no-permission"),
+    (redis.exceptions.AuthenticationError, "no-auth"),
+    (redis.exceptions.TimeoutError, "timeout"),
+    (redis.exceptions.ConnectionError, "unreachable"),
+)
+#: Eviction policies under which Redis never drops a key to make room.
+SAFE_POLICIES = frozenset({"noeviction"})
+
+
+def condition(exc: BaseException) -> str | None:
+    """The server condition ``exc`` reports (``full``, ``read-only``, ...), or ``None`` when
+    it is about the command itself."""
+    for cls, reason in _CONDITION_CLASSES:
+        if isinstance(exc, cls):
+            return reason
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, OSError):
+        return "unreachable"
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        # redis-py's own failures (a closed buffer, a bad reply) are the connection's
+        return None if isinstance(exc, redis.exceptions.DataError) else "unreachable"
+    text = str(exc)
+    # A pipeline's error reads "Command # 3 (EVALSHA ...) of pipeline caused error: OOM ..."
+    text = text.rpartition("caused error: ")[2]
+    return CONDITIONS.get(text.split(" ", 1)[0])
+
+
+def store_error(exc: BaseException) -> StoreError:
+    """``exc``, raised by redis-py or the lean clients, as a domain error."""
+    if isinstance(exc, StoreError):
+        return exc
+    reason = condition(exc)
+    if reason is None:
+        return StoreRejected(f"Redis refused a command: {exc}")
+    return StoreUnavailable(f"Redis is {reason.replace('-', ' ')}: {exc}", reason=reason)
 
 
 class Store:
@@ -57,17 +127,16 @@ class Store:
         embedded: bool = False,
         fast: PipelinedClient | ClusterRouter | None = None,
         nodes: NodeClients | None = None,
+        query_timeout: float = 2.0,
     ) -> None:
         self.client = client
         self.fast = fast
         self.nodes = nodes  # set on a Redis Cluster
         self.grace_ms = grace_ms
         self.embedded = embedded
+        self.query_timeout = query_timeout
         self._sha: dict[str, str] = {}
-        self._source = {
-            name: resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text()
-            for name in _SCRIPTS
-        }
+        self._source = {name: _script(name, embedded) for name in _SCRIPTS}
 
     # -- plumbing -------------------------------------------------------------------------
     async def load_scripts(self) -> None:
@@ -77,14 +146,15 @@ class Store:
     async def _guard(self, call: Awaitable[T]) -> T:
         try:
             return await call
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
-        except redis.exceptions.BusyLoadingError as exc:
-            raise StoreUnavailable("Redis is loading its data set") from exc
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise store_error(exc) from exc
 
-    async def _pipeline(self, fill: Callable[[Any], object]) -> list[Any]:
+    async def _pipeline(
+        self, fill: Callable[[Any], object], *, raise_on_error: bool = True
+    ) -> list[Any]:
         """Run the commands ``fill`` queues in one round trip, reloading scripts once if Redis
-        lost them (restart, ``SCRIPT FLUSH``)."""
+        lost them (restart, ``SCRIPT FLUSH``). With ``raise_on_error`` false, a command's
+        error is its reply (redis-py's exception), for the caller to sort out."""
         for attempt in (1, 2):
             if not self._sha:
                 await self.load_scripts()
@@ -95,11 +165,16 @@ class Store:
             )
             fill(pipe)
             try:
-                return await self._guard(pipe.execute(raise_on_error=True))
-            except redis.exceptions.NoScriptError:
-                if attempt == 2:
+                replies: list[Any] = await self._guard(pipe.execute(raise_on_error=raise_on_error))
+            except StoreUnavailable as exc:
+                if exc.reason != "no-script" or attempt == 2:
                     raise
                 self._sha.clear()
+                continue
+            if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+                self._sha.clear()  # every script call is idempotent: run the whole lot again
+                continue
+            return replies
         raise AssertionError("unreachable")
 
     def _eval(self, pipe: Any, name: str, key_names: Sequence[str], *args: Any) -> None:
@@ -107,6 +182,36 @@ class Store:
 
     async def ping(self) -> bool:
         return bool(await self._guard(self.client.ping()))
+
+    async def probe(self) -> None:
+        """Write and read one small key: :class:`StoreUnavailable` unless Redis takes writes
+        now (a full or read-only Redis still answers ``PING``)."""
+        await self._pipeline(lambda pipe: pipe.set(keys.PROBE, b"1", px=60_000))
+
+    async def index_state(self, now_ms: int) -> IndexState:
+        """The index's state marker (see ``marker.lua``), created as ``lost`` when missing."""
+        (raw,) = await self._pipeline(
+            lambda pipe: self._eval(pipe, "marker", (keys.INDEX_STATE,), now_ms)
+        )
+        return IndexState.decode(raw)
+
+    async def mark_rebuilt(self, now_ms: int, *, started_ms: int) -> IndexState:
+        """Record a completed rebuild from the queue that started at ``started_ms``; it does not
+        count when the store was found emptied after that."""
+        (raw,) = await self._pipeline(
+            lambda pipe: self._eval(pipe, "marker", (keys.INDEX_STATE,), now_ms, started_ms)
+        )
+        return IndexState.decode(raw)
+
+    async def eviction_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy`` when it can evict keys (it would drop index keys without
+        an error), ``None`` when it cannot, or when the server does not say (the embedded
+        store, a Cluster)."""
+        if self.embedded or self.nodes is not None:
+            return None
+        info = await self._guard(self.client.info("memory"))
+        policy = str(info.get("maxmemory_policy", "noeviction"))
+        return None if policy in SAFE_POLICIES else policy
 
     async def close(self) -> None:
         if self.fast is not None:
@@ -188,16 +293,29 @@ class Store:
                     pipe.ltrim(keys.resolutions(key), 0, LOG_LENGTH - 1)
                     pipe.pexpire(keys.resolutions(key), ev.deadline_ms + self.grace_ms - now)
 
-        replies = await self._pipeline(fill)
-        results = [replies[j] for j in positions]
+        replies = await self._pipeline(fill, raise_on_error=False)
+        failed: set[int] = set()  # events with a key whose script did not run
+        errors = [store_error(r) for r in replies if isinstance(r, Exception)]
         outcomes: list[Outcome] = ["ignored"] * len(events)
-        for (i, _key), result in zip(calls, results, strict=True):
+        for (i, _key), j in zip(calls, positions, strict=True):
+            result = replies[j]
+            if isinstance(result, Exception):
+                failed.add(i)
+                continue
             got = result.decode() if isinstance(result, bytes) else str(result)
             if got == "applied" or outcomes[i] == "ignored":
                 outcomes[i] = cast(Outcome, got)
             elif got == "stale" and outcomes[i] == "expired":
                 outcomes[i] = "stale"
-        return outcomes
+        if not errors:
+            return outcomes
+        done = [None if i in failed else outcomes[i] for i in range(len(events))]
+        unavailable = [e for e in errors if isinstance(e, StoreUnavailable)]
+        if unavailable:
+            # Applied events stay applied (a retry finds them stale); the rest wait for a retry.
+            first = unavailable[0]
+            raise StoreUnavailable(str(first), reason=first.reason, outcomes=done)
+        raise errors[0]
 
     async def count(self, counters: dict[str, int]) -> None:
         """Add to the service-wide counters shown by ``/v1/stats``."""
@@ -244,6 +362,8 @@ class Store:
         """The data for one superseding query (``cap`` < 0: every pending task)."""
         t, p, w, d, _ = keys.group(key)
         if self.fast is not None and self._sha:
+            # The lean connection fails every command whose reply is later than the query
+            # timeout (its watchdog), so a frozen Redis is a quick 503, not a hung worker.
             try:
                 raw = await self.fast.execute(
                     "EVALSHA", self._sha["snapshot"], 4, t, p, w, d, initial, now_ms, cap
@@ -251,9 +371,15 @@ class Store:
                 return decode_snapshot(raw)
             except (NoScript, ReplyError):
                 pass  # fall back to redis-py, which reloads scripts (and raises real errors)
-        (raw,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
-        )
+        try:
+            async with asyncio.timeout(self.query_timeout):
+                (raw,) = await self._pipeline(
+                    lambda pipe: self._eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
+                )
+        except TimeoutError as exc:
+            raise StoreUnavailable(
+                f"Redis did not answer within {self.query_timeout:g} s", reason="timeout"
+            ) from exc
         return decode_snapshot(raw)
 
     async def pending(self, key: str, *, now_ms: int, limit: int = 1000) -> list[views.TaskRecord]:
@@ -327,6 +453,30 @@ class Store:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class IndexState:
+    """The index's marker: ``ok`` once rebuilt from the queue, ``lost`` from ``since_ms``, when
+    the store was found without it (new, or emptied); ``created``: found missing just now."""
+
+    state: str
+    since_ms: int
+    rebuilt_ms: int | None
+    created: bool
+
+    @classmethod
+    def decode(cls, raw: list[Any]) -> IndexState:
+        state, since, rebuilt = (v.decode() if isinstance(v, bytes) else str(v) for v in raw[:3])
+        return cls(state, int(since or 0), int(rebuilt) if rebuilt else None, bool(int(raw[3])))
+
+
+def _script(name: str, embedded: bool) -> str:
+    source = resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text()
+    if embedded and source.startswith("#!"):
+        # The embedded store runs scripts without flags (and never runs out of memory).
+        source = source.split("\n", 1)[1]
+    return source
+
+
 def decode_snapshot(raw: list[Any]) -> model.KeySnapshot:
     ids = raw[3:]
     if ids and isinstance(ids[0], bytes):
@@ -340,14 +490,19 @@ def decode_snapshot(raw: list[Any]) -> model.KeySnapshot:
     )
 
 
-async def open_store(redis_url: str | None, *, grace_seconds: int) -> Store:
+async def open_store(
+    redis_url: str | None, *, grace_seconds: int, query_timeout: float = 2.0
+) -> Store:
     """Connect to ``redis_url`` (standalone Redis or a Redis Cluster, told apart by asking it),
-    or to an embedded in-process store when it is ``None``."""
+    or to an embedded in-process store when it is ``None``. A query waits ``query_timeout``
+    seconds for Redis at most."""
     grace_ms = grace_seconds * 1000
     if redis_url is None:
         from coalescer.store.embedded import embedded_client
 
-        store = Store(embedded_client(), grace_ms=grace_ms, embedded=True)
+        store = Store(
+            embedded_client(), grace_ms=grace_ms, embedded=True, query_timeout=query_timeout
+        )
     elif await _is_cluster(redis_url):
         # Every script touches one key's hash slot (keys.py), so each call goes whole to the
         # node that owns it: writes through per-node pipelines, queries through a lean
@@ -355,12 +510,17 @@ async def open_store(redis_url: str | None, *, grace_seconds: int) -> Store:
         cluster = aioredis.RedisCluster.from_url(
             redis_url, socket_connect_timeout=5, socket_timeout=10, max_connections=256
         )
-        router = ClusterRouter(cluster, redis_url) if PipelinedClient.supports(redis_url) else None
+        router = (
+            ClusterRouter(cluster, redis_url, timeout=query_timeout)
+            if PipelinedClient.supports(redis_url)
+            else None
+        )
         store = Store(
             cast(aioredis.Redis, cluster),
             grace_ms=grace_ms,
             nodes=NodeClients(redis_url),
             fast=router,
+            query_timeout=query_timeout,
         )
         log.info("REDIS_URL is a Redis Cluster")
     else:
@@ -371,8 +531,12 @@ async def open_store(redis_url: str | None, *, grace_seconds: int) -> Store:
             health_check_interval=30,
             max_connections=256,
         )
-        fast = PipelinedClient(redis_url) if PipelinedClient.supports(redis_url) else None
-        store = Store(client, grace_ms=grace_ms, fast=fast)
+        fast = (
+            PipelinedClient(redis_url, timeout=query_timeout)
+            if PipelinedClient.supports(redis_url)
+            else None
+        )
+        store = Store(client, grace_ms=grace_ms, fast=fast, query_timeout=query_timeout)
     try:
         await store.load_scripts()
     except StoreUnavailable:

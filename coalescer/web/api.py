@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
+from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
@@ -16,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from coalescer import __version__, keyset, model
 from coalescer.errors import InvalidInput
+from coalescer.health import Health
 from coalescer.store import Store
 from coalescer.store import keyset as stored
 from coalescer.web import pages
@@ -201,19 +204,44 @@ async def ping(request: Request) -> Response:
 
 
 async def heartbeat(request: Request) -> Response:
-    """Dockerflow: 200 when Redis answers, 503 otherwise."""
+    """Dockerflow: 200 when Redis answers and takes writes and every background task runs
+    (``warning`` when the index needs a rebuild or Redis may evict keys), 503 otherwise; the
+    checks and their details say which."""
     store = _store(request)
+    health: Health = request.app.state.health
+    report = health.report()
+    checks: dict[str, str] = {"redis": "ok", **report["checks"]}
+    details: dict[str, Any] = report["details"]
     try:
-        await store.ping()
+        async with asyncio.timeout(store.query_timeout):
+            await store.ping()
     except Exception as exc:  # any failure means unhealthy; say which
-        return JSON({"status": "error", "checks": {"redis": "error"}, "details": str(exc)}, 503)
-    return JSON(
-        {
-            "status": "ok",
-            "checks": {"redis": "ok"},
-            "store": "embedded" if store.embedded else "redis",
-        }
+        checks["redis"] = "error"
+        details["redis"] = str(exc) or f"no answer within {store.query_timeout:g} s"
+    else:
+        try:
+            async with asyncio.timeout(store.query_timeout):
+                await store.probe()
+        except Exception as exc:
+            checks["writable"] = "error"
+            details["writable"] = f"Redis refuses writes: {exc}"
+        else:
+            checks["writable"] = "ok"
+            details.pop("writable", None)
+    status = (
+        "error"
+        if "error" in checks.values()
+        else "warning"
+        if "warning" in checks.values()
+        else "ok"
     )
+    body = {
+        "status": status,
+        "checks": checks,
+        "details": details,
+        "store": "embedded" if store.embedded else "redis",
+    }
+    return JSON(body, 503 if status == "error" else 200)
 
 
 async def lbheartbeat(request: Request) -> Response:

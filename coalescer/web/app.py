@@ -6,12 +6,12 @@ named by ``settings.redis_url`` (embedded when unset) and closes it on shutdown.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,12 +21,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from coalescer import logs
-from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreUnavailable
+from coalescer import logs, upkeep
+from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreError, StoreUnavailable
+from coalescer.health import Health, Supervisor, watch_store
+from coalescer.logs import Throttled
 from coalescer.observe import HTTP_ERRORS, STORE_ERRORS, Observer, exposition
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
-from coalescer.upkeep import keep_index
 from coalescer.web import api, lineage, pages, tracing
 from coalescer.web.ingest import post_events
 from coalescer.web.openapi import openapi
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 #: Allocations between collections of the youngest generation (measured in bench/query.py:
 #: about 10% more queries per second than the default 700 on this service's query path).
 GC_THRESHOLD = 50_000
+#: Seconds between writes of the buffered answers (pages, metrics), and between looks at the
+#: store's condition (writable, evicting, emptied).
+FLUSH_SECONDS = 1.0
+WATCH_SECONDS = 5.0
 
 
 def _error(request: Request, status: int, message: str) -> Response:
@@ -55,10 +60,21 @@ async def _auth(request: Request, exc: Exception) -> Response:
     return _error(request, 403 if isinstance(exc, IngestDisabled) else 401, str(exc))
 
 
+#: One line per outage, not one per failed request.
+_UNAVAILABLE_LOG = Throttled(log)
+#: Seconds a client is told to wait before retrying (``Retry-After``) while the store is down.
+RETRY_AFTER = 2
+
+
 async def _unavailable(request: Request, exc: Exception) -> Response:
-    STORE_ERRORS.inc()
-    log.error("store unavailable: %s", exc)
-    return _error(request, 503, "the index store (Redis) is unavailable; retry shortly")
+    assert isinstance(exc, StoreUnavailable)
+    STORE_ERRORS.labels(exc.reason).inc()
+    _UNAVAILABLE_LOG.log(logging.ERROR, "store unavailable (%s): %s", exc.reason, exc)
+    response = _error(
+        request, 503, f"the index store (Redis) is unavailable ({exc.reason}); retry shortly"
+    )
+    response.headers["retry-after"] = str(RETRY_AFTER)
+    return response
 
 
 async def _http(request: Request, exc: Exception) -> Response:
@@ -84,7 +100,7 @@ async def _crash(request: Request, exc: Exception) -> Response:
 
 
 async def _metrics(request: Request) -> Response:
-    body = await exposition(request.app.state.store)
+    body = await exposition(request.app.state.store, request.app.state.health)
     body += await lineage.exposition(request)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -141,7 +157,9 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own = store is None
         app.state.store = store or await open_store(
-            settings.redis_url, grace_seconds=settings.grace_seconds
+            settings.redis_url,
+            grace_seconds=settings.grace_seconds,
+            query_timeout=settings.query_timeout,
         )
         app.state.observer = Observer(app.state.store)
         if settings.taskcluster_root_url is not None:  # learns unknown tasks from the queue
@@ -149,14 +167,19 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
 
             app.state.learner = Learner.from_settings(settings, app.state.store)
         logs.adopt_uvicorn()
-        flusher = asyncio.create_task(_flush_forever(app.state.observer))
-        upkeep = asyncio.create_task(keep_index(app.state.store))  # forgets keys, counts
+        supervisor = Supervisor(app.state.health)
+        supervisor.every("flush", FLUSH_SECONDS, app.state.observer.flush)
+        supervisor.every(
+            "watch-store", WATCH_SECONDS, partial(watch_store, app.state.store, app.state.health)
+        )
+        # Forgets keys whose tasks have all expired; counts the index for /metrics.
+        supervisor.every("upkeep", upkeep.EVERY, upkeep.rounds(app.state.store))
         listener = None
         if settings.pulse_url is not None and settings.redis_url is None:
             # Embedded store: the Pulse consumer must live in this process to share it.
             from coalescer.ingest.pulse import Listener
 
-            listener = Listener.start(settings, app.state.store, app.state.observer)
+            listener = Listener.start(settings, app.state.store, app.state.observer, supervisor)
         enforcer = None
         if app.state.store.embedded:
             # Likewise the policy enforcer (when a rule decides on arrival and the queue's
@@ -176,11 +199,11 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
                 await listener.stop()
             if enforcer is not None:
                 await enforcer.stop()
-            for task in (flusher, upkeep):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await app.state.observer.flush()
+            await supervisor.stop()
+            try:
+                await app.state.observer.flush()
+            except StoreError as exc:
+                log.warning("could not write the last answers for the pages: %s", exc)
             if app.state.learner is not None:
                 await app.state.learner.close()
                 app.state.learner = None
@@ -223,13 +246,8 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     app.state.settings = settings
     app.state.commit = os.environ.get("SOURCE_COMMIT", "unknown")
     app.state.learner = None  # set by the lifespan when TASKCLUSTER_ROOT_URL is (ingest.learn)
+    app.state.health = Health()
     if store is not None:  # usable without running the lifespan (ASGITransport tests)
         app.state.store = store
         app.state.observer = Observer(store)
     return app
-
-
-async def _flush_forever(observer: Observer) -> None:
-    while True:
-        await asyncio.sleep(1.0)
-        await observer.flush()

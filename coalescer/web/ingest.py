@@ -3,7 +3,9 @@
 The body is one message or a list of them; the answer says, per message, ``applied``,
 ``stale`` (older than what the index holds), ``ignored`` (no coalescing route), ``expired``
 (past deadline plus grace) or ``invalid`` (with why). Valid messages are applied in one round
-trip; a retry after a failure is harmless because every application is idempotent.
+trip; a retry after a failure is harmless because every application is idempotent. When the
+store cannot take writes (down, full, read-only), the answer is 503 with ``Retry-After`` and,
+per message, what was applied and what is ``unavailable``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,16 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from coalescer.errors import AuthError, IngestDisabled, InvalidEvent, InvalidInput
+from coalescer.errors import (
+    AuthError,
+    IngestDisabled,
+    InvalidEvent,
+    InvalidInput,
+    StoreUnavailable,
+)
 from coalescer.ingest.events import Message, to_event
 from coalescer.model import TaskEvent
+from coalescer.observe import STORE_ERRORS
 from coalescer.web.responses import JSON, error
 
 MAX_MESSAGES = 1000
@@ -46,6 +55,35 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise _TooLarge(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _unavailable(
+    exc: StoreUnavailable,
+    results: list[dict[str, Any]],
+    slots: list[int],
+    events: list[TaskEvent],
+) -> Response:
+    """503, saying per message what was applied before the store stopped taking writes, so a
+    client can retry exactly (retrying the whole request is also right: what was applied then
+    answers ``stale``)."""
+    STORE_ERRORS.labels(exc.reason).inc()
+    outcomes = exc.outcomes or [None] * len(events)
+    for i, event, outcome in zip(slots, events, outcomes, strict=True):
+        results[i] = (
+            {"status": outcome, "taskId": event.task_id}
+            if outcome is not None
+            else {"status": "unavailable", "taskId": event.task_id, "error": "not applied: retry"}
+        )
+    response = JSON(
+        {
+            "error": f"the index store (Redis) is unavailable ({exc.reason}); retry the "
+            "messages answered unavailable",
+            "results": results,
+        },
+        503,
+    )
+    response.headers["retry-after"] = "2"
+    return response
 
 
 class _TooLarge(Exception):
@@ -85,7 +123,10 @@ async def post_events(request: Request) -> Response:
         else:
             events.append(event)
             slots.append(i)
-    outcomes = await request.app.state.store.apply(events, policy=settings.policy)
+    try:
+        outcomes = await request.app.state.store.apply(events, policy=settings.policy)
+    except StoreUnavailable as exc:
+        return _unavailable(exc, results, slots, events)
     for i, event, outcome in zip(slots, events, outcomes, strict=True):
         results[i] = {"status": outcome, "taskId": event.task_id}
     exchanges = [str(d.get("exchange", "")) if isinstance(d, dict) else "" for d in docs]

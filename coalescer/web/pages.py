@@ -78,7 +78,10 @@ _ENV.filters.update(ago=ago, until=until, utc=utc)
 def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
     settings = request.app.state.settings
     body = _ENV.get_template(template).render(
-        settings=settings, root_url=settings.taskcluster_root_url, **context
+        settings=settings,
+        root_url=settings.taskcluster_root_url,
+        alerts=request.app.state.health.alerts(),
+        **context,
     )
     return HTMLResponse(body, status_code=status, headers={"cache-control": "no-store"})
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import shutil
 import subprocess
 import time
@@ -23,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.crc import key_slot
 
 from coalescer import keyset, upkeep
+from coalescer.health import Health, Supervisor
 from coalescer.model import TaskEvent
 from coalescer.settings import Settings
 from coalescer.store import Store, keys, open_store
@@ -77,10 +77,10 @@ async def test_a_key_that_got_a_task_while_being_swept_is_kept(
     real = store._pipeline
     calls = 0
 
-    async def pipeline(fill: Callable[[Any], object]) -> list[Any]:
+    async def pipeline(fill: Callable[[Any], object], **options: Any) -> list[Any]:
         nonlocal calls
         calls += 1
-        replies = await real(fill)
+        replies = await real(fill, **options)
         if calls == 2:  # the sweeper has read the key's data: a new task arrives
             await real_apply([ev("B", "k", later + MINUTE)], now_ms=later)
         return replies
@@ -167,30 +167,26 @@ async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 20) 
         await asyncio.sleep(0.05)
 
 
-async def test_upkeep_survives_an_unreachable_store_and_goes_on(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_upkeep_rounds_survive_an_unreachable_store_and_go_on() -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     store = await open_store(url, grace_seconds=3600)
-    loop = asyncio.create_task(upkeep.keep_index(store, every=0.05))
+    health = Health()
+    supervisor = Supervisor(health)
+    supervisor.every("upkeep", 0.05, upkeep.rounds(store, every=0.05))
     server = None
     raw = aioredis.Redis.from_url(url)
     try:
-        with caplog.at_level(logging.WARNING, logger="coalescer.upkeep"):
-            await eventually(lambda: _true("index upkeep failed" in caplog.text))
-        assert not loop.done()
+        await eventually(lambda: _true(health.loop("upkeep").failures > 1))
         server = _RedisServer(port)
-        # A key whose data expired long ago: the next round forgets it, and counts.
+        # A key whose data expired long ago: a round forgets it, and counts.
         await eventually(lambda: _reachable(raw))
         await raw.zadd(keys.KEYS_INDEX, {"old": 1})
         await raw.zadd(keys.KEYS_EXPIRY, {"old": 1})
         await eventually(lambda: _forgotten_and_counted(raw), seconds=60)
-        assert not loop.done()
+        assert health.loop("upkeep").failures == 0
     finally:
-        loop.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop
+        await supervisor.stop()
         await store.close()
         await raw.aclose()
         if server is not None:
@@ -205,7 +201,7 @@ async def test_the_web_process_runs_the_upkeep_and_stops_it_on_shutdown(
     app = create_app(Settings.from_environ({"REDIS_URL": redis_url}), store)
     async with app.router.lifespan_context(app):
         await eventually(lambda: _forgotten_and_counted(redis_client))
-    running = [t for t in asyncio.all_tasks() if "keep_index" in repr(t.get_coro())]
+    running = [t for t in asyncio.all_tasks() if t.get_name() == "upkeep"]
     assert running == []
 
 
@@ -255,7 +251,7 @@ async def raw_transport(store: Store, redis_url: str) -> AsyncIterator[None]:
         await send(conn, [("HELLO", 3), ("SELECT", url.path.strip("/") or "0")])
         free.put_nowait(conn)
 
-    async def pipeline(fill: Callable[[Any], object]) -> list[Any]:
+    async def pipeline(fill: Callable[[Any], object], **_: Any) -> list[Any]:
         pipe: Any = store.client.pipeline(transaction=False)
         fill(pipe)
         stack = [(args, dict(options)) for args, options in pipe.command_stack]

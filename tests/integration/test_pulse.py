@@ -30,6 +30,7 @@ from coalescer.observe import Observer
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
 from tests.conftest import AMQP_URL, make_message
+from tests.redis_server import RedisServer, redis_server
 
 _EVENTS = taskcluster.QueueEvents({"rootUrl": "https://tc.example.com"})
 _METHODS = {
@@ -344,18 +345,17 @@ async def _count(store: Store, key: str, n: int) -> bool:
 async def test_redis_down_holds_deliveries_and_applies_them_when_it_is_back(
     pulse_settings: Settings, broker: Broker, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    redis = _RedisServer()
+    redis = RedisServer()
+    redis.start()
     store = await open_store(redis.url, grace_seconds=3600)
     try:
         first, later = ids(5), ids(5)
         async with consuming(make_consumer(pulse_settings, store)):
             await broker.publish_all([make_message(t, routes=routes(prefix, "k")) for t in first])
             await eventually(lambda: _count(store, "k", 5), what="the first events")
-            redis.stop()
+            redis.kill()
             await broker.publish_all([make_message(t, routes=routes(prefix, "k")) for t in later])
-            await eventually(
-                lambda: _async("store unavailable; holding" in caplog.text), what="a retry"
-            )
+            await eventually(lambda: _async("; holding" in caplog.text), what="a retry")
             assert await broker.depth() == 0  # delivered, held unacknowledged: not lost
             redis.start()  # empty: it kept nothing on disk
             await eventually(
@@ -367,60 +367,45 @@ async def test_redis_down_holds_deliveries_and_applies_them_when_it_is_back(
         redis.stop()
 
 
+async def test_a_full_redis_holds_deliveries_and_dead_letters_none(
+    pulse_settings: Settings, broker: Broker, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OOM is the store's condition, never the events' fault: nothing is dead-lettered, the
+    consumer keeps running, and every event is applied once Redis has room again."""
+    with redis_server() as redis:
+        store = await open_store(redis.url, grace_seconds=3600)
+        try:
+            tasks = {key: ids(6) for key in ("a", "b", "c", "d", "e")}  # 30 events
+            async with consuming(make_consumer(pulse_settings, store)) as consumer:
+                redis.fill()
+                await broker.publish_all(
+                    [
+                        make_message(t, routes=routes(prefix, key))
+                        for key, batch in tasks.items()
+                        for t in batch
+                    ]
+                )
+                await eventually(lambda: _async("(full); holding" in caplog.text), what="a hold")
+                assert await broker.depth() == 0  # delivered, held unacknowledged
+                redis.unfill()
+                for key, batch in tasks.items():
+                    await eventually(
+                        lambda b=batch, k=key: _equals(_sorted(pending(store, k)), sorted(b)),
+                        what=f"the held events of {key}",
+                    )
+                assert consumer.consuming.is_set()
+            assert await broker.depth() == 0 and await broker.dead() == []
+            assert "dead-lettering" not in caplog.text
+        finally:
+            await store.close()
+
+
 async def _async(value: bool) -> bool:
     return value
 
 
 async def _sorted(got: Awaitable[list[str]]) -> list[str]:
     return sorted(await got)
-
-
-class _RedisServer:
-    """A private redis-server on a free port, to stop and start again on the same port."""
-
-    def __init__(self) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        import socket
-
-        give_up = time.monotonic() + 10
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2),
-            ):
-                return
-            assert time.monotonic() < give_up, "redis-server did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
 
 
 async def test_a_full_queue_refuses_new_messages_instead_of_dropping_old_ones(

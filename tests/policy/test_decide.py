@@ -45,12 +45,12 @@ async def test_on_claim_keys_cost_the_same_commands_with_or_without_a_policy(
     sizes: list[int] = []
     original = store._pipeline
 
-    async def spy(fill: Any) -> list[Any]:
+    async def spy(fill: Any, **options: Any) -> list[Any]:
         def counting(pipe: Any) -> None:
             fill(pipe)
             sizes.append(len(pipe.command_stack))
 
-        return await original(counting)
+        return await original(counting, **options)
 
     monkeypatch.setattr(store, "_pipeline", spy)
     events = [event(IDS[0], at=1), event(IDS[1], at=2), event(IDS[0], "completed", at=1)]

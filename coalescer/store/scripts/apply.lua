@@ -1,3 +1,4 @@
+#!lua
 -- Apply one task event to one coalescing key, atomically.
 -- KEYS: t p w d x  (see keys.py)
 -- ARGV: taskId runId rank state order deadline_ms since_ms now_ms grace_ms reason

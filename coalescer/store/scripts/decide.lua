@@ -1,3 +1,4 @@
+#!lua
 -- Take a superseding policy's decisions for one coalescing key, atomically, right after an
 -- event was applied to it (or on a tick, without an event: age thresholds, lost events).
 -- KEYS: t p w d x v vp vx r rs o h m rd  (see keys.py; all under the key's hash tag)

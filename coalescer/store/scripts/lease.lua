@@ -1,3 +1,4 @@
+#!lua
 -- One enforcer at a time per coalescing key: acquire, renew or release its lease.
 -- KEYS: lease
 -- ARGV: acquire|renew|release  holder  ttl_ms

@@ -1,3 +1,4 @@
+#!lua
 -- Remember, per task, the newest answer that listed it (for the task page), keeping only the
 -- `limit` most recently answered tasks of one coalescing key so that nothing grows unbounded.
 -- KEYS: a ax  (see keys.py)

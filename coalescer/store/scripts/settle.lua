@@ -1,3 +1,4 @@
+#!lua
 -- Record what the enforcer did about one victim, and acknowledge its outbox entry, atomically.
 -- KEYS: v vp vx o h m rd df  (see keys.py; all under the key's hash tag)
 -- ARGV: entry_id|'' group victim expected_states new_state now_ms due_ms rule saved_kind

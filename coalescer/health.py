@@ -1,0 +1,257 @@
+"""A process's health: the store's condition, the index's marker, and its background tasks.
+
+Every background task runs under a :class:`Supervisor`. A periodic job that fails is logged
+(throttled), counted, and tried again at its next tick, later and later while it keeps failing;
+a long-running service that crashes is restarted the same way, unless it stops on a
+:class:`~coalescer.errors.ConfigError` (retrying cannot fix a setting). Nothing dies silently:
+``/__heartbeat__`` and ``/metrics`` read :class:`Health`.
+
+:func:`watch_store` is the periodic job that finds out what the store is up to: whether it takes
+writes (a full or read-only Redis still answers ``PING``), whether it may evict keys, and
+whether it was emptied (see ``store/scripts/marker.lua``), and says so loudly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import Counter
+
+from coalescer.errors import ConfigError, StoreUnavailable
+from coalescer.logs import Throttled
+from coalescer.store import IndexState, Store
+
+log = logging.getLogger(__name__)
+
+BACKGROUND_FAILURES = Counter(
+    "coalescer_background_failures",
+    "Failures of a background task (a periodic job's round, or a service's crash), by task",
+    ["task"],
+)
+#: The longest wait between tries of a failing task.
+MAX_BACKOFF = 30.0
+#: Consecutive failures after which a task shows as failing in the heartbeat.
+FAILING_AFTER = 3
+
+
+@dataclasses.dataclass
+class Loop:
+    """How one background task is doing."""
+
+    name: str
+    failures: int = 0  # consecutive
+    total_failures: int = 0
+    restarts: int = 0
+    last_ok: float | None = None  # time.time()
+    last_error: str | None = None
+    stopped: str | None = None  # why a service stopped for good
+
+    @property
+    def failing(self) -> bool:
+        return self.stopped is not None or self.failures >= FAILING_AFTER
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": "error" if self.failing else "ok"}
+        if self.last_ok is not None:
+            out["lastOk"] = round(self.last_ok, 3)
+        if self.total_failures:
+            out.update(failures=self.total_failures, lastError=self.last_error)
+        if self.restarts:
+            out["restarts"] = self.restarts
+        if self.stopped:
+            out["stopped"] = self.stopped
+        return out
+
+
+@dataclasses.dataclass
+class Health:
+    """What this process knows of its own health (one per process)."""
+
+    #: Why the store refuses work now (``full``, ``read-only``, ``unreachable``, ...), or None.
+    store_down: str | None = None
+    store_error: str | None = None
+    #: Redis's ``maxmemory-policy`` when it may evict index keys.
+    eviction: str | None = None
+    index: IndexState | None = None
+    loops: dict[str, Loop] = dataclasses.field(default_factory=dict)
+
+    def loop(self, name: str) -> Loop:
+        return self.loops.setdefault(name, Loop(name))
+
+    @property
+    def index_complete(self) -> bool | None:
+        return None if self.index is None else self.index.state == "ok"
+
+    def alerts(self) -> list[str]:
+        """What a person looking at the pages must know, worst first."""
+        out = []
+        if self.store_down is not None:
+            out.append(
+                f"Redis refuses writes ({self.store_down}): events are held and retried, "
+                "nothing is lost, but the index is behind until it takes writes again."
+            )
+        if self.index is not None and self.index.state != "ok":
+            out.append(f"Superseding is incomplete: {index_message(self.index)}.")
+        if self.eviction is not None:
+            out.append(
+                f"Redis maxmemory-policy is {self.eviction}: it may evict index keys without "
+                "an error. Set maxmemory-policy noeviction."
+            )
+        out.extend(
+            f"Background task {lp.name} keeps failing: {lp.stopped or lp.last_error}"
+            for lp in self.loops.values()
+            if lp.failing
+        )
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """The heartbeat's ``checks`` and ``details`` beyond a live ping."""
+        checks: dict[str, str] = {
+            "writable": "ok" if self.store_down is None else "error",
+            "eviction": "ok" if self.eviction is None else "warning",
+            "index": {None: "unknown", True: "ok", False: "warning"}[self.index_complete],
+            "background": "error" if any(lp.failing for lp in self.loops.values()) else "ok",
+        }
+        details: dict[str, Any] = {
+            "background": {name: lp.report() for name, lp in sorted(self.loops.items())}
+        }
+        if self.store_down is not None:
+            details["writable"] = f"Redis refuses writes ({self.store_down}): {self.store_error}"
+        if self.eviction is not None:
+            details["eviction"] = (
+                f"Redis maxmemory-policy is {self.eviction}: it may evict index keys without an "
+                "error; set maxmemory-policy noeviction"
+            )
+        if self.index is not None and self.index.state != "ok":
+            details["index"] = index_message(self.index)
+        return {"checks": checks, "details": details}
+
+
+def index_message(state: IndexState) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.since_ms / 1000))
+    return (
+        f"the index has not been rebuilt from the queue since it was found empty at {since} "
+        "(Redis new, restarted empty or flushed): tasks pending since before then are answered "
+        "alone until they change state; run `coalescer reconcile --rebuild`"
+    )
+
+
+class Supervisor:
+    """Runs a process's background tasks and keeps them running; :meth:`stop` ends them all."""
+
+    def __init__(self, health: Health) -> None:
+        self.health = health
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def every(self, name: str, seconds: float, job: Callable[[], Awaitable[object]]) -> None:
+        """Run ``job`` now and every ``seconds``; a failed round is retried later and later."""
+        self._tasks.append(asyncio.create_task(self._periodic(name, seconds, job), name=name))
+
+    def service(self, name: str, run: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
+        """Run ``run`` until it returns; restart it whenever it crashes."""
+        task = asyncio.create_task(self._service(name, run), name=name)
+        self._tasks.append(task)
+        return task
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def _periodic(
+        self, name: str, seconds: float, job: Callable[[], Awaitable[object]]
+    ) -> None:
+        state = self.health.loop(name)
+        throttled = Throttled(log)
+        delay = seconds
+        while True:
+            try:
+                await job()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                delay = min(delay * 2, MAX_BACKOFF)
+                self._failed(state, exc, throttled, "failed; next try in", delay)
+            else:
+                state.failures, state.last_ok, delay = 0, time.time(), seconds
+            await asyncio.sleep(delay)
+
+    async def _service(self, name: str, run: Callable[[], Awaitable[object]]) -> None:
+        state = self.health.loop(name)
+        throttled = Throttled(log)
+        delay = 1.0
+        while True:
+            started = time.monotonic()
+            state.last_ok = time.time()
+            try:
+                await run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except ConfigError as exc:
+                state.stopped = str(exc)
+                log.error("background task %s stopped: %s", name, exc)
+                return
+            except Exception as exc:
+                if time.monotonic() - started > MAX_BACKOFF:
+                    delay = 1.0  # it ran a while: start backing off afresh
+                self._failed(state, exc, throttled, "stopped; restarting in", delay)
+                state.restarts += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF)
+
+    @staticmethod
+    def _failed(state: Loop, exc: Exception, throttled: Throttled, what: str, delay: float) -> None:
+        state.failures += 1
+        state.total_failures += 1
+        state.last_error = f"{type(exc).__name__}: {exc}"
+        BACKGROUND_FAILURES.labels(state.name).inc()
+        # A store outage is expected and shows elsewhere; anything else is a bug to look at.
+        if isinstance(exc, StoreUnavailable):
+            throttled.log(logging.WARNING, "%s %s %.0f s: %s", state.name, what, delay, exc)
+        else:
+            log.error("%s %s %.0f s", state.name, what, delay, exc_info=exc)
+
+
+async def watch_store(store: Store, health: Health) -> None:
+    """One round of watching the store: writable, evicting, emptied. Raises
+    :class:`StoreUnavailable` when it cannot tell (the supervisor retries)."""
+    try:
+        await store.probe()
+    except StoreUnavailable as exc:
+        if health.store_down != exc.reason:
+            log.error("Redis does not take writes (%s): %s", exc.reason, exc)
+        health.store_down, health.store_error = exc.reason, str(exc)
+        raise
+    if health.store_down is not None:
+        log.info("Redis takes writes again (it was %s)", health.store_down)
+        health.store_down = health.store_error = None
+    eviction = await store.eviction_policy()
+    if eviction is not None and eviction != health.eviction:
+        log.error(
+            "Redis maxmemory-policy is %s: Redis may evict index keys without an error, and "
+            "superseding would then answer wrongly or not at all; set maxmemory-policy noeviction",
+            eviction,
+        )
+    health.eviction = eviction
+    before = health.index
+    state = await store.index_state(int(time.time() * 1000))
+    health.index = state
+    if state.created and before is not None:
+        log.error(
+            "the index store was emptied (Redis restarted empty or was flushed): %s",
+            index_message(state),
+        )
+    elif state.created:
+        log.warning("the index store holds no marker (new, or emptied): %s", index_message(state))
+    elif state.state == "ok" and before is not None and before.state != "ok":
+        log.info("the index was rebuilt from the queue; superseding covers every pending task")

@@ -12,6 +12,7 @@
     │   │                    loading, busy, cluster down): hold and retry (the web edge: 503)
     │   └── StoreRejected    refused one command for good (a script error, a wrong type): a bug,
     │                        or an event that can never apply
+    ├── ingest.rebuild.ListingFailed         a queue listing could not be read to its end
     └── worker.protocol.SupersederError      a superseder's answer cannot be used (the task
                                              then runs alone)
 

@@ -99,14 +99,15 @@ class Call:
         """Answer from the state, after applying whatever became due."""
         return self.emulator.read(query)
 
-    def authorize_run(self) -> None:
-        """Refuse temporary credentials of another run, or expired ones (401)."""
+    def authorize_run(self, scope: str) -> None:
+        """Refuse expired temporary credentials (401), and another run's, which lack ``scope``
+        (e.g. ``queue:create-artifact``) for this run (403)."""
         if self.hawk is None:
             return
         task_id, run_id, client_id = self.task_id, self.run_id, self.hawk.client_id
 
         def check(now: datetime) -> Outcome:
-            self.state.check_credentials(client_id, task_id, run_id, now)
+            self.state.check_credentials(client_id, scope, task_id, run_id, now)
             return None, []
 
         self.apply(check)
@@ -161,8 +162,10 @@ def api_route(entry: dict[str, Any], handler: Handler, emulator: Emulator) -> Ro
                     body = orjson.loads(raw) if raw else {}
                 except orjson.JSONDecodeError:
                     raise QueueError("MalformedPayload", "Failed to parse JSON payload") from None
+                # Defaults filled in, as the real queue's validator does: its handlers and its
+                # error bodies' requestInfo.payload see the completed request.
+                problems = schema_errors(schema, body, legacy=legacy, fill_defaults=True)
                 seen["payload"] = body
-                problems = schema_errors(schema, body, legacy=legacy)
                 if problems:
                     raise QueueError(
                         "InputValidationError",
@@ -223,7 +226,7 @@ def _control_routes(emulator: Emulator) -> list[Route]:
             artifact = found.artifacts.get((run_id, name)) if found else None
             if artifact is None or artifact.data is None:
                 raise QueueError("NoSuchKey", "The specified key does not exist.")
-            return Response(artifact.data, media_type=artifact.data_type)
+            return Response(artifact.data, headers={"content-type": artifact.data_type or ""})
         except QueueError as exc:
             return _plain_error(exc)
 

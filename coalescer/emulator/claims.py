@@ -26,9 +26,13 @@ def claim_work(
     count: int,
     now: datetime,
 ) -> Outcome:
-    """Claim up to ``count`` pending tasks of the queue: highest priority, then oldest."""
+    """Claim up to ``count`` pending tasks of the queue: highest priority, then oldest. A task
+    past its deadline is no longer handed out, though the deadline resolver has yet to resolve
+    it (its pending-queue entry lives until the deadline)."""
     pending = [
-        t for t in state.tasks.values() if t.task_queue_id == task_queue_id and t.state == "pending"
+        t
+        for t in state.tasks.values()
+        if t.task_queue_id == task_queue_id and t.state == "pending" and now < t.deadline
     ]
     pending.sort(key=lambda t: (t.priority_rank, t.runs[-1].scheduled, t.runs[-1].seq))
     claims, out = [], []
@@ -94,20 +98,20 @@ def report_exception(
     run = task.run(run_id)
     if run.state == "exception" and run.reason_resolved == reason and run_id >= len(task.runs) - 2:
         # An idempotent repeat: resend what the first call published, if still true.
+        out = [msg.task_resolved(task, run)]
         following = task.runs[run_id + 1] if run_id + 1 < len(task.runs) else None
-        if following is None:
-            return {"status": task.status()}, [msg.task_resolved(task, run)]
-        if following.state == "pending" and following.reason_created in RETRIED.values():
-            return {"status": task.status()}, [msg.task_pending(task, following)]
-        return {"status": task.status()}, []
+        if following is not None:
+            if following.state != "pending" or following.reason_created not in RETRIED.values():
+                return {"status": task.status()}, []
+            out.append(msg.task_pending(task, following))
+        return {"status": task.status()}, out
     _require_running(task, run)
     state.resolve(run, "exception", reason, now)
-    if reason in RETRIED and task.retries_left > 0:
-        task.retries_left -= 1
-        retry = state.new_run(task, RETRIED[reason], now)
-        # Seed 002: a retried run publishes no task-exception, only task-pending for the new run.
-        return {"status": task.status()}, [msg.task_pending(task, retry)]
-    return {"status": task.status()}, state.resolved(task, run, now)
+    if reason in RETRIED:
+        out = state.retried(task, run, RETRIED[reason], now)
+    else:
+        out = state.resolved(task, run, now)
+    return {"status": task.status()}, out
 
 
 def _require_running(task: Task, run: Run) -> None:

@@ -51,6 +51,14 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="longest a claimWork call waits for work (default 20)",
     )
+    parser.add_argument(
+        "--deadline-delay",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long after its deadline an unresolved task is resolved deadline-exceeded "
+        "(default 60, the real queue's)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -68,11 +76,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--publish-to must be an http:// or https:// URL")
     if args.claim_work_timeout < 0:
         raise ConfigError("--claim-work-timeout must not be negative")
+    if args.deadline_delay < 0:
+        raise ConfigError("--deadline-delay must not be negative")
     token = settings.ingest_token.reveal() if settings.ingest_token else None
     options = EmulatorOptions(
         legacy=args.legacy,
         controllable_clock=args.controllable_clock,
         claim_work_timeout=args.claim_work_timeout,
+        deadline_delay=args.deadline_delay,
         pulse_url=args.pulse_url,
         publish_to=args.publish_to,
         ingest_token=token,

@@ -118,8 +118,10 @@ def parse_hawk(header: str | None) -> Hawk | None:
     return Hawk(client_id, ext)
 
 
-def check(issued: Issued | None, task_id: str, run_id: int, now: datetime) -> None:
-    """Refuse emulator-issued credentials that expired or belong to another task run."""
+def check(issued: Issued | None, scope: str, task_id: str, run_id: int, now: datetime) -> None:
+    """Refuse emulator-issued credentials that expired (AuthenticationFailed, 401) or belong to
+    another task run (InsufficientScopes, 403: their certificate lacks ``scope``, e.g.
+    ``queue:create-artifact``, for this run)."""
     if issued is None:
         return  # permanent credentials, or none: accepted
     if now >= issued.expiry:
@@ -130,7 +132,8 @@ def check(issued: Issued | None, task_id: str, run_id: int, now: datetime) -> No
         )
     if (issued.task_id, issued.run_id) != (task_id, run_id):
         raise QueueError(
-            "AuthenticationFailed",
-            f"temporary credentials {issued.client_id} were issued for "
-            f"{issued.task_id}/{issued.run_id}, not {task_id}/{run_id}",
+            "InsufficientScopes",
+            f"Client ID {issued.client_id} does not have sufficient scopes and is missing the "
+            f"scope {scope}:{task_id}/{run_id} (its temporary credentials are for "
+            f"{issued.task_id}/{issued.run_id})",
         )

@@ -1,10 +1,10 @@
 """createTask's input, completed and checked as the real queue does before storing it.
 
-The request has already passed ``create-task-request.json``; this fills the defaults the queue
-fills (so ``queue.task`` returns a full ``task.json``), derives ``taskQueueId`` from
-``provisionerId``/``workerType`` or the reverse, and applies the queue's time rules. Dates are
-rewritten in one canonical form so that an idempotent retry with differently written dates still
-compares equal.
+The request has already passed ``create-task-request.json``, which filled in its defaults (so
+``queue.task`` returns a full ``task.json``); this adds ``taskGroupId`` (the taskId), derives
+``taskQueueId`` from ``provisionerId``/``workerType`` or the reverse, and applies the queue's time
+rules. Dates are rewritten in one canonical form so that an idempotent retry with differently
+written dates still compares equal.
 """
 
 from __future__ import annotations
@@ -16,18 +16,6 @@ from typing import Any
 from coalescer.emulator.clock import format_time, parse_time
 from coalescer.emulator.model import QueueError
 
-DEFAULTS: dict[str, Any] = {
-    "schedulerId": "-",
-    "projectId": "none",
-    "dependencies": [],
-    "requires": "all-completed",
-    "routes": [],
-    "priority": "lowest",
-    "retries": 5,
-    "scopes": [],
-    "tags": {},
-    "extra": {},
-}
 #: Clock drift the queue tolerates on ``created``.
 DRIFT = timedelta(minutes=15)
 #: How far ahead a deadline may be.
@@ -67,8 +55,6 @@ def _split_queue(definition: dict[str, Any]) -> None:
 def normalize(task_id: str, request: dict[str, Any], now: datetime) -> dict[str, Any]:
     """The task definition the queue would store for ``request``, or InputError."""
     definition = copy.deepcopy(request)
-    for key, value in DEFAULTS.items():
-        definition.setdefault(key, copy.deepcopy(value))
     definition.setdefault("taskGroupId", task_id)
     _split_queue(definition)
 

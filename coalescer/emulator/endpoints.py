@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from coalescer import __version__
-from coalescer.emulator import artifacts, claims, groups
+from coalescer.emulator import artifacts, claims, groups, listings
 from coalescer.emulator.app import JSON, Call, Handler
+from coalescer.emulator.collation import sort_key
 from coalescer.emulator.model import Artifact, QueueError, Task
+from coalescer.emulator.state import QueueState
 
 T = TypeVar("T")
 _STARTED = time.monotonic()
@@ -54,11 +56,13 @@ async def status(call: Call) -> Any:
 
 
 def _bulk(call: Call, field: str, describe: Any) -> Any:
-    """``tasks`` and ``statuses``: one entry per requested task that exists (unknown ones are
-    left out, as the real queue does), paged like the other listings."""
+    """``tasks`` and ``statuses``: one entry per requested task that exists, as the real queue's
+    database answers: unknown and repeated ids left out, in taskId order (its collation), not
+    the request's; paged like the other listings."""
 
     def query() -> dict[str, Any]:
-        found = [call.state.tasks[t] for t in call.body.get("taskIds", []) if t in call.state.tasks]
+        wanted = sorted(set(call.body.get("taskIds", [])), key=sort_key)
+        found = [call.state.tasks[t] for t in wanted if t in call.state.tasks]
         page, token = _page(found, call.request.query_params)
         out: dict[str, Any] = {field: [{"taskId": t.task_id, **describe(t)} for t in page]}
         if token:
@@ -193,26 +197,26 @@ async def claim_task(call: Call) -> Any:
 
 
 async def reclaim_task(call: Call) -> Any:
-    call.authorize_run()
+    call.authorize_run("queue:reclaim-task")
     return call.apply(lambda now: claims.reclaim_task(call.state, call.task_id, call.run_id, now))
 
 
 async def report_completed(call: Call) -> Any:
-    call.authorize_run()
+    call.authorize_run("queue:resolve-task")
     return call.apply(
         lambda now: claims.report(call.state, call.task_id, call.run_id, "completed", now)
     )
 
 
 async def report_failed(call: Call) -> Any:
-    call.authorize_run()
+    call.authorize_run("queue:resolve-task")
     return call.apply(
         lambda now: claims.report(call.state, call.task_id, call.run_id, "failed", now)
     )
 
 
 async def report_exception(call: Call) -> Any:
-    call.authorize_run()
+    call.authorize_run("queue:resolve-task")
     reason = call.body["reason"]
     return call.apply(
         lambda now: claims.report_exception(call.state, call.task_id, call.run_id, reason, now)
@@ -220,7 +224,7 @@ async def report_exception(call: Call) -> Any:
 
 
 async def create_artifact(call: Call) -> Any:
-    call.authorize_run()
+    call.authorize_run("queue:create-artifact")
     name = call.params["name"]
     put_url = call.blob_url(call.task_id, call.run_id, name)
     return call.apply(
@@ -303,6 +307,19 @@ async def artifact_info(call: Call) -> Any:
     return call.read(query)
 
 
+def _by_task_queue(listing: Callable[[QueueState, str, Mapping[str, str]], Any]) -> Handler:
+    async def handler(call: Call) -> Any:
+        queue_id, query = call.params["taskQueueId"], call.request.query_params
+        return call.read(lambda: listing(call.state, queue_id, query))
+
+    return handler
+
+
+async def list_task_queues(call: Call) -> Any:
+    now = call.emulator.clock.now()
+    return call.read(lambda: listings.task_queues(call.state, call.request.query_params, now))
+
+
 async def not_implemented(call: Call) -> Any:
     raise QueueError("ResourceNotFound", f"the queue emulator does not implement {call.name}")
 
@@ -344,4 +361,7 @@ HANDLERS: dict[str, Handler] = {
     "listLatestArtifacts": list_artifacts,
     "artifactInfo": artifact_info,
     "latestArtifactInfo": artifact_info,
+    "listPendingTasks": _by_task_queue(listings.pending_tasks),
+    "listClaimedTasks": _by_task_queue(listings.claimed_tasks),
+    "listTaskQueues": list_task_queues,
 }

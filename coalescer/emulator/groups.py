@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from coalescer.emulator import messages as msg
+from coalescer.emulator.collation import sort_key
 from coalescer.emulator.model import QueueError, Task, TaskGroup
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ class TaskGroups:
                 f"No task group with taskGroupId `{task_group_id}`.",
                 taskGroupId=task_group_id,
             ) from None
+
+    def find(self, task_group_id: str) -> TaskGroup | None:
+        """The group, or ``None``."""
+        return self._groups.get(task_group_id)
 
     def check_joinable(self, definition: dict[str, Any]) -> None:
         """RequestConflict when a task with this (normalized) definition cannot join its group:
@@ -88,9 +93,10 @@ class TaskGroups:
 
 
 def members(state: QueueState, task_group_id: str) -> list[Task]:
-    """The group's tasks by taskId, the order in which the real queue pages a group."""
+    """The group's tasks by taskId in the database's collation, the order in which the real
+    queue pages a group."""
     group = state.groups.get(task_group_id)
-    return [state.tasks[task_id] for task_id in sorted(group.members)]
+    return [state.tasks[task_id] for task_id in sorted(group.members, key=sort_key)]
 
 
 def seal_task_group(state: QueueState, task_group_id: str, now: datetime) -> Outcome:
@@ -109,7 +115,8 @@ def cancel_task_group(state: QueueState, task_group_id: str, now: datetime) -> O
 
     Every task is resolved before any message is composed, as the real queue cancels the whole
     group in one statement: a dependent in the group is canceled, not made pending by a
-    dependency canceled before it. ``task-group-resolved`` follows the tasks' messages, once.
+    dependency canceled before it. Each canceled task's resolution later gives a
+    ``task-group-resolved``, as for any resolution (see :meth:`QueueState.resolve_groups`).
     """
     group = state.groups.get(task_group_id)
     if group.sealed is None:
@@ -123,9 +130,7 @@ def cancel_task_group(state: QueueState, task_group_id: str, now: datetime) -> O
     canceled = [(task, run) for task in tasks if (run := state.cancel_run(task, now)) is not None]
     out = []
     for task, run in canceled:
-        out += state.resolved(task, run, now, check_group=False)
-    if canceled:
-        out += state.group_resolved(task_group_id)
+        out += state.resolved(task, run, now)
     body = {
         "taskGroupId": task_group_id,
         "taskGroupSize": len(tasks),

@@ -46,7 +46,8 @@ class ClockControl:
         return self._harness.emulator.clock.now()
 
     def advance(self, seconds: float) -> datetime:
-        """Move time forward and apply what became due before returning (on the server loop, so
+        """Move time forward and run the queue's background work (what became due, then the
+        dependency resolver's ``task-group-resolved``) before returning (on the server loop, so
         the resulting messages are already in ``published``)."""
         emulator = self._harness.emulator
         return self._harness.call(lambda: emulator.advance(seconds))

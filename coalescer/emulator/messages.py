@@ -97,7 +97,11 @@ def _tags(task: Task) -> dict[str, Any]:
 
 
 def task_defined(task: Task) -> Message:
-    return build("task-defined", task, {"status": task.status(), "task": _tags(task)})
+    """The task as it was defined, before any run: the real queue publishes this status
+    (``unscheduled``, no runs) even when the task is pending at once."""
+    defined = {**task.status(), "state": "unscheduled", "runs": []}
+    defined["retriesLeft"] = task.definition["retries"]
+    return build("task-defined", task, {"status": defined, "task": _tags(task)})
 
 
 def task_pending(task: Task, run: Run) -> Message:

@@ -31,7 +31,6 @@ ERROR_STATUS = {
     "InputTooLarge": 413,
     # S3's answers on the emulated ``putUrl``
     "AccessDenied": 403,
-    "SignatureDoesNotMatch": 403,
     "NoSuchKey": 404,
 }
 

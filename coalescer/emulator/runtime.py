@@ -3,7 +3,8 @@
 Every state change goes through :meth:`Emulator.apply`, which first applies whatever became due
 (claim expiry, deadlines, task expiry: the lazy check on every request), then the operation, then
 hands the resulting messages to the publisher and wakes long-polling claimWork calls. The
-periodic :meth:`Emulator.tick` does the same due-check when no requests come. It all runs on one
+periodic :meth:`Emulator.tick` does the same due-check when no requests come, and is the
+dependency resolver that publishes ``task-group-resolved`` after resolutions. It all runs on one
 event loop, so no locks are needed around the state.
 """
 
@@ -37,6 +38,9 @@ class EmulatorOptions:
     credential_grace: float = 60.0
     #: seconds after reportException during which artifacts may still be created
     artifact_grace: float = 1200.0
+    #: seconds after its deadline at which an unresolved task is resolved deadline-exceeded
+    #: (the real queue's ``deadlineDelay``)
+    deadline_delay: float = 60.0
     #: seconds between background checks for expired claims, deadlines and tasks
     tick_interval: float = 1.0
     #: serve ``POST /emulator/v1/clock`` so that HTTP clients can move time forward
@@ -55,6 +59,7 @@ class EmulatorOptions:
             claim_timeout=timedelta(seconds=self.claim_timeout),
             credential_grace=timedelta(seconds=self.credential_grace),
             artifact_grace=timedelta(seconds=self.artifact_grace),
+            deadline_delay=timedelta(seconds=self.deadline_delay),
         )
 
     def sinks(self) -> list[Sink]:
@@ -107,11 +112,14 @@ class Emulator:
         return query()
 
     def tick(self) -> None:
-        """Apply what became due by now (claim expiry, deadlines, task expiry)."""
+        """The queue's background work: apply what became due by now (claim expiry, deadlines,
+        task expiry), then let the dependency resolver publish ``task-group-resolved``."""
         self._emit(self.state.expire(self.clock.now()))
+        self._emit(self.state.resolve_groups())
 
     def advance(self, seconds: float) -> datetime:
-        """Move the clock forward and apply what became due; returns the new time."""
+        """Move the clock forward and run the background work (:meth:`tick`); returns the new
+        time."""
         now = self.clock.advance(seconds)
         self.tick()
         return now

@@ -6,11 +6,12 @@ resolutions, seed 003) is in :mod:`coalescer.emulator.claims`; task groups and p
 Every operation takes ``now`` and returns ``(response body, messages to publish)``; nothing here
 does IO or reads a clock. Failures are :class:`~coalescer.emulator.model.QueueError`.
 
-Where the real queue and its documentation differ, the documentation (seed 002) wins: when a run
-is retried (``claim-expired``, ``worker-shutdown``, ``intermittent-task`` with retries left) only
-``task-pending`` for the new run is published, never ``task-exception`` for the old one; and
-``task-group-resolved`` is published whenever a resolution leaves every task of its group
-resolved, as the exchange's description says.
+Where the real queue and its documentation differ, the real queue wins: when a run is retried
+(``claim-expired``, ``worker-shutdown``, ``intermittent-task`` with retries left) ``task-exception``
+for the old run comes first, then ``task-pending`` for the new one; a deadline is acted on
+``deadline_delay`` after it passes, as the queue's deadline resolver does; and
+``task-group-resolved`` comes later, when the background dependency resolver works through the
+resolutions (:meth:`QueueState.resolve_groups`), only if the group is still fully resolved then.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Timing:
     credential_grace: timedelta = timedelta(minutes=1)
     #: artifacts may still be created this long after a run is resolved exception (seed 003)
     artifact_grace: timedelta = timedelta(minutes=20)
+    #: an unresolved task is resolved deadline-exceeded this long after its deadline (the real
+    #: queue's ``deadlineDelay``; its resolver then polls, so it acts within 20 s more)
+    deadline_delay: timedelta = timedelta(minutes=1)
 
 
 class QueueState:
@@ -57,6 +61,8 @@ class QueueState:
         self.issued: dict[str, credentials.Issued] = {}
         self._dependents: defaultdict[str, list[str]] = defaultdict(list)
         self._seq = itertools.count(1)
+        #: The taskGroupIds of the resolutions the dependency resolver has yet to look at.
+        self._resolutions: list[str] = []
         #: Nothing becomes due before this time (``None``: unknown, look), so that reads of a
         #: large state do not scan every task.
         self._quiet_until: datetime | None = None
@@ -80,10 +86,12 @@ class QueueState:
         self.task(task_id)
         return [self.tasks[t] for t in self._dependents.get(task_id, []) if t in self.tasks]
 
-    def check_credentials(self, client_id: str, task_id: str, run_id: int, now: datetime) -> None:
-        """AuthenticationFailed if ``client_id`` is temporary credentials we issued for another
-        task run, or that have expired."""
-        credentials.check(self.issued.get(client_id), task_id, run_id, now)
+    def check_credentials(
+        self, client_id: str, scope: str, task_id: str, run_id: int, now: datetime
+    ) -> None:
+        """If ``client_id`` is temporary credentials we issued: AuthenticationFailed once they
+        have expired, InsufficientScopes (``scope`` missing) when they are another run's."""
+        credentials.check(self.issued.get(client_id), scope, task_id, run_id, now)
 
     # -- tasks ---------------------------------------------------------------------------------
 
@@ -161,9 +169,13 @@ class QueueState:
                 "RequestConflict", f"Task `{task_id}` can't be canceled past its deadline."
             )
         run = self.cancel_run(task, now)
-        if run is None:
-            return {"status": task.status()}, []
-        return {"status": task.status()}, self.resolved(task, run, now)
+        if run is not None:
+            return {"status": task.status()}, self.resolved(task, run, now)
+        last = task.runs[-1]
+        if last.state == "exception" and last.reason_resolved == "canceled":
+            # Canceled again: the real queue publishes its task-exception once more.
+            return {"status": task.status()}, [msg.task_resolved(task, last)]
+        return {"status": task.status()}, []
 
     def cancel_run(self, task: Task, now: datetime) -> Run | None:
         """Resolve an unresolved task's live run (or a new one) exception/canceled, and return
@@ -248,23 +260,31 @@ class QueueState:
     def _next_change(self) -> datetime | None:
         """The earliest deadline, claim expiry or task expiry to come."""
         times = [task.expires for task in self.tasks.values()]
-        times += [when for task in self.tasks.values() for when, _ in _due_times(task)]
+        times += [when for task in self.tasks.values() for when, _ in self._due_times(task)]
         return min(times, default=None)
 
     def _next_due(self, now: datetime) -> tuple[datetime, int, Task] | None:
         due: tuple[datetime, int, Task] | None = None
         for task in self.tasks.values():
-            for when, order in _due_times(task):
+            for when, order in self._due_times(task):
                 if when <= now and (due is None or (when, order) < due[:2]):
                     due = (when, order, task)
         return due
 
+    def _due_times(self, task: Task) -> list[tuple[datetime, int]]:
+        """When an unresolved task's deadline (plus ``deadline_delay``) and its running run's
+        claim fall due, as ``(time, tie-break)``: a claim expiring at the same time goes first."""
+        if task.resolved:
+            return []
+        times = [(task.deadline + self.timing.deadline_delay, 1)]
+        run = task.runs[-1] if task.runs else None
+        if run is not None and run.state == "running" and run.taken_until is not None:
+            times.append((run.taken_until, 0))
+        return times
+
     def _claim_expired(self, task: Task, run: Run, when: datetime) -> list[Message]:
         self.resolve(run, "exception", "claim-expired", when)
-        if task.retries_left > 0:
-            task.retries_left -= 1
-            return [msg.task_pending(task, self.new_run(task, "retry", when))]
-        return self.resolved(task, run, when)
+        return self.retried(task, run, "retry", when)
 
     def _deadline_exceeded(self, task: Task, when: datetime) -> list[Message]:
         if task.runs:
@@ -286,12 +306,18 @@ class QueueState:
 
     # -- task groups ---------------------------------------------------------------------------
 
-    def group_resolved(self, task_group_id: str) -> list[Message]:
-        """``task-group-resolved`` if every task of the group is resolved, else nothing."""
-        group = self.groups.get(task_group_id)
-        if all(self.tasks[t].resolved for t in group.members):
-            return [msg.task_group_resolved(group)]
-        return []
+    def resolve_groups(self) -> list[Message]:
+        """The dependency resolver's pass over the resolutions since its last one: for each,
+        ``task-group-resolved`` if its group (still there) has no unresolved task at this point.
+        The real resolver runs apart from the API, so a task created into the group or rerun in
+        the meantime means no message."""
+        due, self._resolutions = self._resolutions, []
+        out = []
+        for group_id in due:
+            group = self.groups.find(group_id)
+            if group is not None and all(self.tasks[t].resolved for t in group.members):
+                out.append(msg.task_group_resolved(group))
+        return out
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -311,18 +337,24 @@ class QueueState:
         """Mark ``run`` resolved (callers publish, via :meth:`resolved` or a retry)."""
         run.state, run.reason_resolved, run.resolved = state, reason, when
 
+    def retried(self, task: Task, run: Run, reason: str, when: datetime) -> list[Message]:
+        """After ``run`` was resolved exception for a reason that retries: a new pending run
+        (``reason`` is its reasonCreated) while retries are left. As the real queue does, the
+        ``task-exception`` for ``run`` (its status already showing the new run) comes first, then
+        ``task-pending``; without retries left the task is resolved (see :meth:`resolved`)."""
+        if task.retries_left <= 0:
+            return self.resolved(task, run, when)
+        task.retries_left -= 1
+        retry = self.new_run(task, reason, when)
+        return [msg.task_resolved(task, run), msg.task_pending(task, retry)]
+
     def resolved(
-        self,
-        task: Task,
-        run: Run,
-        when: datetime,
-        *,
-        with_worker: bool = True,
-        check_group: bool = True,
+        self, task: Task, run: Run, when: datetime, *, with_worker: bool = True
     ) -> list[Message]:
-        """The message for a task that just resolved, then the dependents it makes pending, then
-        ``task-group-resolved`` if that was the group's last unresolved task (``check_group=False``
-        leaves that to a caller resolving many tasks at once)."""
+        """The message for a task that just resolved, then the dependents it makes pending. The
+        resolution also waits for the dependency resolver, which may later publish
+        ``task-group-resolved`` (see :meth:`resolve_groups`)."""
+        self._resolutions.append(task.task_group_id)
         out = [msg.task_resolved(task, run, with_worker=with_worker)]
         for dependent_id in self._dependents.get(task.task_id, []):
             dependent = self.tasks.get(dependent_id)
@@ -330,8 +362,6 @@ class QueueState:
                 continue
             if self._ready(dependent):
                 out.append(msg.task_pending(dependent, self.new_run(dependent, "scheduled", when)))
-        if check_group:
-            out += self.group_resolved(task.task_group_id)
         return out
 
     def issue(self, task: Task, run: Run, now: datetime) -> dict[str, str]:
@@ -349,15 +379,3 @@ class QueueState:
         )
         self.issued[issued.client_id] = issued
         return creds
-
-
-def _due_times(task: Task) -> list[tuple[datetime, int]]:
-    """When an unresolved task's deadline and its running run's claim fall due, as ``(time,
-    tie-break)``: a claim expiring at the deadline expires first."""
-    if task.resolved:
-        return []
-    times = [(task.deadline, 1)]
-    run = task.runs[-1] if task.runs else None
-    if run is not None and run.state == "running" and run.taken_until is not None:
-        times.append((run.taken_until, 0))
-    return times

@@ -11,14 +11,20 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import signal
 import sys
+import time
 from typing import Any
 
-from coalescer.errors import ConfigError, StoreUnavailable
-from coalescer.settings import Settings
+from coalescer.errors import ConfigError, InvalidInput, StoreUnavailable
+from coalescer.model import check_task_id
+from coalescer.settings import Settings, queue_credentials
 
 log = logging.getLogger(__name__)
+
+#: The queue's ``taskQueueId`` pattern (``task.json``).
+TASK_QUEUE_ID = re.compile(r"^[a-zA-Z0-9-_]{1,38}/[a-z]([-a-z0-9]{0,36}[a-z0-9])?$")
 
 
 def register(sub: Any) -> None:
@@ -65,7 +71,31 @@ def register(sub: Any) -> None:
         "reconcile",
         help="check indexed tasks against the queue (TASKCLUSTER_ROOT_URL) and fix the index",
         description="Ask the queue for the status of every task the index knows; apply what is "
-        "newer, remove tasks the queue no longer knows. Prints a summary.",
+        "newer, remove tasks the queue no longer knows. With --rebuild, rebuild a lost index "
+        "from the queue's pending and claimed tasks instead. Prints a summary.",
+    )
+    rec.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="rebuild the index from the queue's listings (after Redis lost its data): the "
+        "pending and claimed tasks of every active task queue, or of those given",
+    )
+    rec.add_argument(
+        "--task-queue-id",
+        action="append",
+        default=[],
+        type=_task_queue_id,
+        metavar="ID",
+        help="with --rebuild: list this task queue (repeatable; default every active one)",
+    )
+    rec.add_argument(
+        "--task-group",
+        action="append",
+        default=[],
+        type=_task_group_id,
+        metavar="ID",
+        help="with --rebuild: list this task group's tasks, for queues without the task "
+        "queue listings (repeatable)",
     )
     rec.add_argument(
         "--every",
@@ -102,6 +132,21 @@ def _positive(raw: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def _task_queue_id(raw: str) -> str:
+    if not TASK_QUEUE_ID.match(raw):
+        raise argparse.ArgumentTypeError(
+            f"not a taskQueueId: {raw!r} (expected <provisionerId>/<workerType>)"
+        )
+    return raw
+
+
+def _task_group_id(raw: str) -> str:
+    try:
+        return check_task_id(raw)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("taskId", "taskGroupId")) from exc
 
 
 def _need(settings: Settings, *names: str) -> None:
@@ -167,6 +212,10 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
 
 # -- reconcile ----------------------------------------------------------------------------------
 def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.rebuild and (args.task_queue_id or args.task_group):
+        raise ConfigError("--task-queue-id and --task-group go with --rebuild")
+    if args.rebuild and args.every is not None:
+        raise ConfigError("--rebuild runs once: run it without --every")
     _need(settings, "root")
     return asyncio.run(_reconcile_async(args, settings))
 
@@ -180,11 +229,13 @@ async def _reconcile_async(args: argparse.Namespace, settings: Settings) -> int:
     store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)
     try:
         async with taskcluster.aio.createSession() as session:
-            queue = taskcluster.aio.Queue(
-                {"rootUrl": settings.taskcluster_root_url, "maxRetries": 3}, session=session
-            )
+            options: dict[str, Any] = {"rootUrl": settings.taskcluster_root_url, "maxRetries": 3}
+            if creds := queue_credentials():  # the listings need scopes (see the README)
+                options["credentials"] = creds
+            queue = taskcluster.aio.Queue(options, session=session)
             while True:
-                round_ = asyncio.create_task(_reconcile_once(store, queue, args))
+                once = _rebuild(store, queue, args, settings) if args.rebuild else None
+                round_ = asyncio.create_task(once or _reconcile_once(store, queue, args))
                 stopped = asyncio.create_task(stop.wait())
                 await asyncio.wait({round_, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 stopped.cancel()
@@ -201,6 +252,8 @@ async def _reconcile_async(args: argparse.Namespace, settings: Settings) -> int:
                     log.error("reconcile failed: %s", exc)
                 else:
                     print(summary.line(), flush=True)
+                    if args.rebuild:
+                        return 0 if summary.complete else 1
                     if args.every is None:
                         return 1 if summary.failed else 0
                 with contextlib.suppress(TimeoutError):
@@ -230,4 +283,48 @@ async def _reconcile_once(store: Any, queue: Any, args: argparse.Namespace) -> A
             progress=bar.update,
         )
     summary.keys = keys
+    return summary
+
+
+async def _rebuild(store: Any, queue: Any, args: argparse.Namespace, settings: Settings) -> Any:
+    from tqdm import tqdm
+
+    from coalescer.ingest.rebuild import ListingFailed, rebuild, sources, task_queue_ids
+    from coalescer.ingest.reconcile import queue_fetcher
+
+    # The marker first (created as lost if missing): a rebuild covers a loss found before it.
+    started = int(time.time() * 1000)
+    await store.index_state(started)
+    queue_ids = list(args.task_queue_id)
+    if not queue_ids and not args.task_group:
+        try:
+            queue_ids = await task_queue_ids(queue)
+        except ListingFailed as exc:
+            raise ConfigError(
+                f"cannot find the active task queues: {exc} (or name them with --task-queue-id)"
+            ) from exc
+        log.info("rebuilding from %d active task queues", len(queue_ids))
+    disable = None if args.progress is None else not args.progress
+    with tqdm(total=0, desc="rebuild", unit="task", file=sys.stderr, disable=disable) as bar:
+
+        def found(count: int) -> None:
+            bar.total += count
+            bar.refresh()
+
+        summary = await rebuild(
+            store,
+            queue,
+            sources(queue_ids, args.task_group),
+            queue_fetcher(queue),
+            prefix=settings.route_prefix,
+            rank_tag=settings.rank_tag,
+            concurrency=args.concurrency,
+            batch=args.batch,
+            found=found,
+            progress=bar.update,
+        )
+    if summary.complete:  # a partial rebuild leaves the index marked as it was
+        marker = await store.mark_rebuilt(int(time.time() * 1000), started_ms=started)
+        if marker.state != "ok":
+            summary.incomplete.append("the store was emptied while the rebuild ran: run it again")
     return summary

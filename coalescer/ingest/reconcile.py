@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -98,7 +98,7 @@ async def _statuses(queue: Any, task_ids: Sequence[str]) -> dict[str, Mapping[st
     query: dict[str, Any] = {}
     while True:
         body = await queue.statuses(payload={"taskIds": list(task_ids)}, query=query)
-        _check("tasks-statuses-response", body)
+        _check("tasks-statuses-response", body, ("statuses", lambda entry: entry["taskId"]))
         out.update((entry["taskId"], entry["status"]) for entry in body["statuses"])
         if "continuationToken" not in body:
             return out
@@ -117,8 +117,15 @@ async def _status(queue: Any, task_id: str) -> Mapping[str, Any] | None:
     return status
 
 
-def _check(schema: str, body: Any) -> None:
-    problems = validation.errors(schema, body)
+def _check(
+    schema: str, body: Any, listing: tuple[str, Callable[[Any], Hashable]] | None = None
+) -> None:
+    """Refuse an answer that fails its schema; ``listing`` is ``(field, identity)`` for a
+    listing's items (see :func:`validation.listing_errors`)."""
+    if listing is None:
+        problems = validation.errors(schema, body)
+    else:
+        problems = validation.listing_errors(schema, body, *listing)
     if problems:
         raise InvalidEvent(f"the queue's {schema} fails its schema: " + "; ".join(problems))
 

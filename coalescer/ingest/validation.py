@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import fastjsonschema
@@ -36,9 +36,35 @@ def errors(name: str, instance: Any) -> list[str]:
     return schemas.errors(name, instance)
 
 
+def listing_errors(
+    name: str, instance: Any, field: str, identity: Callable[[Any], Hashable]
+) -> list[str]:
+    """:func:`errors` for a listing whose items (``instance[field]``, ``uniqueItems``) each
+    name one thing, by ``identity(item)``. Hashing every item (whole task definitions) to check
+    ``uniqueItems`` costs more than the rest of the schema; items of distinct identities are
+    distinct, so then that check is skipped. Otherwise the full schema decides."""
+    items = instance.get(field) if isinstance(instance, dict) else None
+    try:
+        distinct = isinstance(items, list) and len({identity(i) for i in items}) == len(items)
+    except (TypeError, KeyError, AttributeError):
+        distinct = False
+    check = _compiled(name, field) if distinct else None
+    if check is not None:
+        try:
+            check(instance)
+            return []
+        except fastjsonschema.JsonSchemaException:
+            pass
+    return errors(name, instance)
+
+
 @functools.cache
-def _compiled(name: str) -> Callable[[Any], Any] | None:
+def _compiled(name: str, distinct: str | None = None) -> Callable[[Any], Any] | None:
+    """The compiled schema; with ``distinct``, without ``uniqueItems`` on that property."""
     schema = schemas.validator(name).schema
+    if distinct is not None:
+        prop = {k: v for k, v in schema["properties"][distinct].items() if k != "uniqueItems"}
+        schema = {**schema, "properties": {**schema["properties"], distinct: prop}}
     try:
         resolver = schemas.registry().resolver(str(schema.get("$id", "")).rstrip("#"))
         return fastjsonschema.compile(_inline(schema, resolver, 0))

@@ -6,8 +6,10 @@ loaded into one :mod:`referencing` registry keyed by those ids; nothing is fetch
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -31,9 +33,29 @@ def registry() -> Registry[Any]:
     return Registry().with_resources(resources_)
 
 
+def _fill_properties(
+    validator: Any, properties: dict[str, Any], instance: Any, schema: dict[str, Any]
+) -> Iterator[jsonschema.ValidationError]:
+    """``properties`` that first gives each missing property its ``default``, in place."""
+    if validator.is_type(instance, "object"):
+        for name, subschema in properties.items():
+            if isinstance(subschema, dict) and "default" in subschema and name not in instance:
+                instance[name] = copy.deepcopy(subschema["default"])
+    yield from _PROPERTIES(validator, properties, instance, schema)
+
+
+_PROPERTIES = jsonschema.Draft7Validator.VALIDATORS["properties"]
+_FillingValidator = jsonschema.validators.extend(
+    jsonschema.Draft7Validator, {"properties": _fill_properties}
+)
+
+
 @functools.cache
-def validator(name: str, *, legacy: bool = False) -> jsonschema.Draft7Validator:
-    """A validator for ``queue/v1/<name>.json`` (``legacy`` takes the v39 copy when there is one)."""
+def validator(
+    name: str, *, legacy: bool = False, fill_defaults: bool = False
+) -> jsonschema.Draft7Validator:
+    """A validator for ``queue/v1/<name>.json`` (``legacy`` takes the v39 copy when there is one;
+    ``fill_defaults`` makes it fill in defaults, see :func:`errors`)."""
     folder = (
         "queue/v39"
         if legacy and _ROOT.joinpath("queue/v39", f"{name}.json").is_file()
@@ -41,14 +63,23 @@ def validator(name: str, *, legacy: bool = False) -> jsonschema.Draft7Validator:
     )
     doc = json.loads(_ROOT.joinpath(folder, f"{name}.json").read_text())
     doc = {k: v for k, v in doc.items() if k != "$schema"}
-    return jsonschema.Draft7Validator(
+    cls = _FillingValidator if fill_defaults else jsonschema.Draft7Validator
+    validating: jsonschema.Draft7Validator = cls(
         doc, registry=registry(), format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER
     )
+    return validating
 
 
-def errors(name: str, instance: Any, *, legacy: bool = False) -> list[str]:
-    """Human-readable schema violations of ``instance`` (empty when valid)."""
-    found = sorted(validator(name, legacy=legacy).iter_errors(instance), key=lambda e: list(e.path))
+def errors(
+    name: str, instance: Any, *, legacy: bool = False, fill_defaults: bool = False
+) -> list[str]:
+    """Human-readable schema violations of ``instance`` (empty when valid).
+
+    With ``fill_defaults`` every missing property whose schema has a ``default`` gets it, in
+    ``instance`` itself, as Taskcluster's validator (ajv's ``useDefaults``) does to a request.
+    """
+    checker = validator(name, legacy=legacy, fill_defaults=fill_defaults)
+    found = sorted(checker.iter_errors(instance), key=lambda e: list(e.path))
     return [f"{'/'.join(map(str, e.path)) or '<root>'}: {e.message}" for e in found[:5]]
 
 

@@ -13,6 +13,9 @@ import pytest
 from coalescer.emulator import cli
 from coalescer.emulator.clock import Clock, parse_time
 from coalescer.emulator.harness import TEST_OPTIONS, QueueEmulator
+from coalescer.emulator.runtime import EmulatorOptions
+from coalescer.errors import ConfigError
+from coalescer.settings import Settings
 
 from .conftest import CheckedQueue, claim_one, poll
 
@@ -67,10 +70,15 @@ def test_the_cli_adds_an_emulator_subcommand_with_its_flags() -> None:
     defaults = parser.parse_args(["emulator"])
     assert (defaults.host, defaults.port, defaults.legacy) == ("127.0.0.1", 8081, False)
     assert defaults.handler is cli.run
+    assert defaults.deadline_delay == EmulatorOptions().deadline_delay == 60.0  # the real queue's
     flags = ["--port", "9", "--pulse-url", "amqp://x", "--publish-to", "http://y/v1/events"]
     args = parser.parse_args(["emulator", *flags, "--legacy", "--controllable-clock"])
     assert (args.port, args.pulse_url, args.publish_to) == (9, "amqp://x", "http://y/v1/events")
     assert args.legacy and args.controllable_clock
+    assert parser.parse_args(["emulator", "--deadline-delay", "0"]).deadline_delay == 0.0
+    negative = parser.parse_args(["emulator", "--deadline-delay", "-1"])
+    with pytest.raises(ConfigError, match="--deadline-delay"):
+        cli.run(negative, Settings.from_environ({}))
 
 
 def test_importing_the_pytest_plugin_has_no_side_effects() -> None:

@@ -10,10 +10,12 @@ import pytest
 import taskcluster
 from taskcluster.exceptions import TaskclusterRestFailure
 
-from coalescer.emulator.clock import format_time
-from coalescer.emulator.harness import QueueEmulator
+from coalescer.emulator.clock import format_time, parse_time
+from coalescer.emulator.harness import TEST_OPTIONS, QueueEmulator
 
 from .conftest import QUEUE_ID, WORKER, CheckedQueue, as_worker, claim_one, kinds
+
+DEADLINE_DELAY = TEST_OPTIONS.deadline_delay
 
 
 def test_a_task_without_dependencies_is_pending_as_soon_as_it_is_created(
@@ -84,7 +86,7 @@ def test_all_completed_dependents_stay_unscheduled_after_a_failure_until_their_d
     second = em.create_task(dependencies=[first])
     as_worker(em, claim_one(em, queue, first)).reportFailed(first, 0)
     assert queue.status(second)["status"]["state"] == "unscheduled"
-    em.clock.advance(3601)  # past the deadline
+    em.clock.advance(3600 + DEADLINE_DELAY)  # past the deadline, when the resolver acts
     status = queue.status(second)["status"]
     assert status["state"] == "exception"
     assert status["runs"][0]["reasonCreated"] == "exception"
@@ -117,14 +119,16 @@ def test_a_self_dependency_without_schedule_task_ends_at_the_deadline(
     task_id = taskcluster.slugid.nice()
     queue.createTask(task_id, em.task_definition(dependencies=[task_id]))
     em.clock.advance(3600)
+    with pytest.raises(TaskclusterRestFailure) as late:
+        queue.scheduleTask(task_id)
+    assert late.value.status_code == 409
+    assert queue.status(task_id)["status"]["state"] == "unscheduled"
+    em.clock.advance(DEADLINE_DELAY)
     status = queue.status(task_id)["status"]
     assert status["state"] == "exception"
     exception = em.messages("task-exception", task_id)[0]
     assert exception["payload"]["runId"] == 0
     assert exception["routingKey"].startswith(f"primary.{task_id}.0._._.")
-    with pytest.raises(TaskclusterRestFailure) as late:
-        queue.scheduleTask(task_id)
-    assert late.value.status_code == 409
 
 
 def test_runs_count_from_zero_and_only_the_last_one_is_live(
@@ -159,8 +163,19 @@ def test_a_claim_not_reclaimed_by_taken_until_expires_and_the_task_is_retried(
     assert status["runs"][0]["reasonResolved"] == "claim-expired"
     assert status["runs"][0]["resolved"] == claim["takenUntil"]
     assert (status["runs"][1]["state"], status["runs"][1]["reasonCreated"]) == ("pending", "retry")
-    # Seed 002: a retried run is resolved silently; only the new run is announced.
-    assert kinds(em, task_id) == ["task-defined", "task-pending", "task-running", "task-pending"]
+    # As the real claim resolver: task-exception for run 0 (its status already shows run 1
+    # pending), then task-pending for run 1.
+    assert kinds(em, task_id) == [
+        "task-defined",
+        "task-pending",
+        "task-running",
+        "task-exception",
+        "task-pending",
+    ]
+    exception = em.messages("task-exception", task_id)[0]["payload"]
+    assert (exception["runId"], exception["workerId"]) == (0, WORKER["workerId"])
+    assert exception["status"] == status
+    assert em.messages("task-pending", task_id)[-1]["payload"]["runId"] == 1
 
 
 def test_an_expired_claim_without_retries_left_resolves_the_task_exception(
@@ -206,8 +221,16 @@ def test_cancel_task_resolves_exception_canceled_and_is_idempotent(
     assert [(r["reasonCreated"], r["reasonResolved"]) for r in canceled] == [
         ("exception", "canceled")
     ]
+    # Canceling again changes nothing but publishes the task-exception again, as the real
+    # queue does; canceling a task resolved otherwise publishes nothing.
     assert queue.cancelTask(running)["status"]["state"] == "exception"
-    assert kinds(em, running).count("task-exception") == 1
+    assert kinds(em, running).count("task-exception") == 2
+    again = em.messages("task-exception", running)
+    assert again[1]["payload"] == again[0]["payload"]
+    done = em.create_task()
+    as_worker(em, claim_one(em, queue, done)).reportCompleted(done, 0)
+    assert queue.cancelTask(done)["status"]["state"] == "completed"
+    assert kinds(em, done)[-1] == "task-completed"
     with pytest.raises(TaskclusterRestFailure) as gone:
         worker.reclaimTask(running, 0)
     assert gone.value.status_code == 409
@@ -226,12 +249,22 @@ def test_a_pending_task_not_claimed_by_its_deadline_is_resolved_exception(
     em: QueueEmulator, queue: CheckedQueue
 ) -> None:
     task_id = em.create_task()
+    deadline = queue.task(task_id)["deadline"]
     em.clock.advance(3600)
+    # Past the deadline the task stays pending until the deadline resolver acts, deadline_delay
+    # later, but is no longer handed out. (The clock follows real time too: a margin of 5 s.)
+    assert queue.status(task_id)["status"]["state"] == "pending"
+    em.clock.advance(DEADLINE_DELAY - 5)
+    assert queue.status(task_id)["status"]["state"] == "pending"
+    assert queue.claimWork(QUEUE_ID, {**WORKER, "tasks": 1})["tasks"] == []
+    em.clock.advance(5)
     status = queue.status(task_id)["status"]
     assert (status["state"], status["runs"][0]["reasonResolved"]) == (
         "exception",
         "deadline-exceeded",
     )
+    resolved = parse_time(status["runs"][0]["resolved"])
+    assert resolved == parse_time(deadline) + timedelta(seconds=DEADLINE_DELAY)
     assert kinds(em, task_id) == ["task-defined", "task-pending", "task-exception"]
     with pytest.raises(TaskclusterRestFailure) as late:
         queue.claimTask(task_id, 0, WORKER)
@@ -315,16 +348,23 @@ def test_rerun_task_is_refused_past_the_deadline(em: QueueEmulator, queue: Check
 def test_tasks_and_statuses_answer_many_tasks_at_once_leaving_out_unknown_ones(
     em: QueueEmulator, queue: CheckedQueue
 ) -> None:
-    created = [em.create_task(routes=[f"coalesce.v1.k{i}"]) for i in range(5)]
+    # taskIds that sort differently by code point and by the database's collation
+    ids = ["aaaaaaaaQaaaaaaaaaaaaA", "AAAAAAAAQAaAAAAAAAAAAA", "baaaaaaaQaaaaaaaaaaaaA"]
+    ids += ["-aaaaaaaQaaaaaaaaaaaaA", "_aaaaaaaQaaaaaaaaaaaaA"]
+    routes = {t: [f"coalesce.v1.k{i}"] for i, t in enumerate(ids)}
+    for task_id in ids:
+        queue.createTask(task_id, em.task_definition(routes=routes[task_id]))
+    created = [ids[4], ids[3], ids[0], ids[1], ids[2]]  # the real queue's order: by taskId
     unknown = taskcluster.slugid.nice()
-    asked = {"taskIds": [created[0], unknown, *created[1:]]}
+    # Unknown and repeated ids are left out; the request's order is not kept.
+    asked = {"taskIds": [ids[2], unknown, ids[0], *ids, ids[1]]}
     statuses = queue.statuses(asked)
     assert "continuationToken" not in statuses
     assert [s["taskId"] for s in statuses["statuses"]] == created
     assert all(s["status"] == queue.status(s["taskId"])["status"] for s in statuses["statuses"])
     definitions = queue.tasks(asked)["tasks"]
     assert [(d["taskId"], d["task"]["routes"]) for d in definitions] == [
-        (t, [f"coalesce.v1.k{i}"]) for i, t in enumerate(created)
+        (t, routes[t]) for t in created
     ]
     # Paged by limit, each page's token leading to the next.
     first = queue.statuses(payload=asked, query={"limit": 2})

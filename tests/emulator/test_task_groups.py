@@ -11,6 +11,7 @@ import taskcluster
 from taskcluster.exceptions import TaskclusterRestFailure
 
 from coalescer.emulator.clock import format_time, parse_time
+from coalescer.emulator.collation import sort_key
 from coalescer.emulator.harness import QueueEmulator
 
 from .conftest import QUEUE_ID, WORKER, CheckedQueue, as_worker, claim_one, kinds
@@ -26,6 +27,11 @@ def refused(call: Any, *args: Any) -> TaskclusterRestFailure:
 
 def group_messages(em: QueueEmulator, kind: str, group_id: str) -> list[dict[str, Any]]:
     return [m for m in em.messages(kind) if m["payload"]["taskGroupId"] == group_id]
+
+
+def background(em: QueueEmulator) -> None:
+    """Let the queue's background work (the dependency resolver) run now."""
+    em.clock.advance(0)
 
 
 def claimed_order(queue: CheckedQueue, count: int) -> list[str]:
@@ -60,7 +66,7 @@ def test_a_task_group_is_made_by_its_first_task_and_listed_in_pages(
             break
     assert [len(p) for p in pages] == [2, 2, 1]
     listed = [entry for p in pages for entry in p]
-    assert [entry["status"]["taskId"] for entry in listed] == sorted(members)
+    assert [entry["status"]["taskId"] for entry in listed] == sorted(members, key=sort_key)
     for entry in listed:
         task_id = entry["status"]["taskId"]
         assert entry == {"task": queue.task(task_id), "status": queue.status(task_id)["status"]}
@@ -156,22 +162,22 @@ def test_cancel_task_group_cancels_every_unresolved_task_and_leaves_resolved_one
     group = taskcluster.slugid.nice()
     completed = em.create_task(taskGroupId=group)
     as_worker(em, claim_one(em, queue, completed)).reportCompleted(completed, 0)
+    background(em)  # resolved once, while `completed` is its only task
     running = em.create_task(taskGroupId=group)
     worker = as_worker(em, queue.claimTask(running, 0, WORKER))
     # The dependency sorts first, so is canceled first: its dependent is canceled too, not made
     # pending by it (the whole group is canceled at once).
-    pending, dependent = sorted(taskcluster.slugid.nice() for _ in range(2))
+    pending, dependent = sorted((taskcluster.slugid.nice() for _ in range(2)), key=sort_key)
     em.create_task(pending, taskGroupId=group)
     unscheduled = taskcluster.slugid.nice()
     queue.createTask(unscheduled, em.task_definition(taskGroupId=group, dependencies=[unscheduled]))
     em.create_task(dependent, taskGroupId=group, dependencies=[pending], requires="all-resolved")
     outside = em.create_task(dependencies=[pending], requires="all-resolved")
     queue.sealTaskGroup(group)
-    # Resolved once already, while `completed` was its only task.
     assert len(group_messages(em, "task-group-resolved", group)) == 1
 
     result = queue.cancelTaskGroup(group)
-    canceled = sorted([running, pending, unscheduled, dependent])
+    canceled = sorted([running, pending, unscheduled, dependent], key=sort_key)
     assert result == {
         "taskGroupId": group,
         "taskGroupSize": 5,
@@ -193,14 +199,19 @@ def test_cancel_task_group_cancels_every_unresolved_task_and_leaves_resolved_one
     assert kinds(em, completed)[-1] == "task-completed"
     assert queue.status(outside)["status"]["state"] == "pending"  # its dependency resolved
 
+    # The dependency resolver, later, finds the group resolved for each canceled task.
+    background(em)
     resolved = group_messages(em, "task-group-resolved", group)[1:]
-    assert len(resolved) == 1  # once, after the last task's message
-    assert em.published[-1] == resolved[0]
+    assert len(resolved) == 4
     assert resolved[0]["routingKey"] == f"primary.{group}.-._"
+    assert em.published.index(resolved[0]) > em.published.index(
+        em.messages("task-exception", canceled[-1])[0]
+    )
 
     # Again: nothing left to cancel, nothing published.
     published = len(em.published)
     again = queue.cancelTaskGroup(group)
+    background(em)
     assert (again["cancelledCount"], again["taskIds"], again["taskGroupSize"]) == (0, [], 5)
     assert len(em.published) == published
     # A rerun is a new run; canceling the group again cancels only that run.
@@ -212,7 +223,8 @@ def test_cancel_task_group_cancels_every_unresolved_task_and_leaves_resolved_one
         ("scheduled", "canceled"),
         ("rerun", "canceled"),
     ]
-    assert len(group_messages(em, "task-group-resolved", group)) == 3
+    background(em)
+    assert len(group_messages(em, "task-group-resolved", group)) == 6
 
 
 def test_a_task_group_is_resolved_when_its_last_task_resolves(
@@ -222,17 +234,23 @@ def test_a_task_group_is_resolved_when_its_last_task_resolves(
     first = em.create_task(taskGroupId=group)
     second = em.create_task(taskGroupId=group, retries=1)
     as_worker(em, claim_one(em, queue, first)).reportFailed(first, 0)
+    background(em)
     assert group_messages(em, "task-group-resolved", group) == []
     worker = as_worker(em, claim_one(em, queue, second))
     worker.reportException(second, 0, {"reason": "worker-shutdown"})  # retried: not resolved
+    background(em)
     assert group_messages(em, "task-group-resolved", group) == []
     as_worker(em, claim_one(em, queue, second)).reportCompleted(second, 1)
+    background(em)
     [message] = group_messages(em, "task-group-resolved", group)
     assert message["payload"] == {"version": 1, **queue.getTaskGroup(group)}
-    assert em.published[-1] == message
+    assert em.published.index(message) > em.published.index(
+        em.messages("task-completed", second)[0]
+    )
     # New work in the group (here a rerun) makes it resolve again later.
     queue.rerunTask(first)
     queue.cancelTask(first)
+    background(em)
     assert len(group_messages(em, "task-group-resolved", group)) == 2
 
 
@@ -305,7 +323,7 @@ def test_change_task_group_priority_changes_the_unresolved_tasks_of_the_group(
     already = em.create_task(taskGroupId=group, priority="very-high")
 
     result = queue.changeTaskGroupPriority(group, {"newPriority": "very-high"})
-    changed = sorted([running, pending, unscheduled])
+    changed = sorted([running, pending, unscheduled], key=sort_key)
     assert result == {
         "taskGroupId": group,
         "schedulerId": "-",

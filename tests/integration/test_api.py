@@ -243,7 +243,15 @@ async def test_ingest_refuses_bad_json_and_oversized_bodies(client: httpx.AsyncC
 
 
 async def test_dockerflow_endpoints(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/__heartbeat__")).json()["checks"] == {"redis": "ok"}
+    beat = (await client.get("/__heartbeat__")).json()
+    assert beat["status"] == "ok"
+    assert beat["checks"] == {
+        "redis": "ok",
+        "writable": "ok",
+        "eviction": "ok",
+        "index": "unknown",  # nothing watches the store without the lifespan
+        "background": "ok",
+    }
     assert (await client.get("/__lbheartbeat__")).status_code == 200
     assert (await client.get("/__version__")).json()["name"] == "coalescer"
 

@@ -89,7 +89,7 @@ async def test_metrics_answer_without_redis_and_count_the_error(settings: Settin
     from coalescer.store import open_store
 
     dead = await open_store("redis://127.0.0.1:1/0", grace_seconds=60)
-    errors = sample("coalescer_store_errors_total")
+    errors = sample("coalescer_store_errors_total", reason="unreachable")
     app = create_app(settings, dead)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
         r = await c.get("/metrics")
@@ -97,7 +97,7 @@ async def test_metrics_answer_without_redis_and_count_the_error(settings: Settin
     assert r.status_code == 200
     values = scraped(r.text)
     assert values["coalescer_store_up"] == 0 and "coalescer_pending_tasks" not in values
-    assert sample("coalescer_store_errors_total") == errors + 1
+    assert sample("coalescer_store_errors_total", reason="unreachable") == errors + 1
 
 
 COUNT = """

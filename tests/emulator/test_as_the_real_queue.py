@@ -1,0 +1,148 @@
+"""Where the current queue's behaviour is not what its documentation suggests, the emulator does
+what the queue does: the task-defined status, when task-group-resolved is published, the order of
+a task group's listing, the payload echoed in an error, and when a deadline is acted on.
+
+The background work (claim expiry, deadlines, the dependency resolver) runs here only when the
+test advances the clock, so what happens between two background passes is deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import taskcluster
+from taskcluster.exceptions import TaskclusterRestFailure
+
+from coalescer.emulator.harness import TEST_OPTIONS, QueueEmulator
+from coalescer.emulator.runtime import EmulatorOptions
+
+from .conftest import WORKER, CheckedQueue, as_worker, claim_one, kinds
+
+
+@pytest.fixture
+def queue_emulator_options() -> EmulatorOptions:
+    return dataclasses.replace(TEST_OPTIONS, tick_interval=3600.0, deadline_delay=70.0)
+
+
+def background(em: QueueEmulator) -> None:
+    """Let the queue's background work run now."""
+    em.clock.advance(0)
+
+
+def group_resolved(em: QueueEmulator, group: str) -> list[dict[str, Any]]:
+    return [m for m in em.messages("task-group-resolved") if m["payload"]["taskGroupId"] == group]
+
+
+def test_task_defined_shows_the_task_as_defined_unscheduled_without_runs(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    task_id = em.create_task(retries=3)
+    assert queue.status(task_id)["status"]["state"] == "pending"
+    [defined] = em.messages("task-defined", task_id)
+    status = defined["payload"]["status"]
+    assert (status["state"], status["runs"], status["retriesLeft"]) == ("unscheduled", [], 3)
+    assert em.messages("task-pending", task_id)[0]["payload"]["status"]["state"] == "pending"
+
+
+def test_task_group_resolved_comes_later_and_only_if_the_group_is_still_resolved(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    group = taskcluster.slugid.nice()
+    first = em.create_task(taskGroupId=group)
+    as_worker(em, claim_one(em, queue, first)).reportCompleted(first, 0)
+    assert group_resolved(em, group) == []  # not from the API call itself
+    background(em)
+    [message] = group_resolved(em, group)
+    assert message["payload"] == {"version": 1, **queue.getTaskGroup(group)}
+
+    # Resolved again, but a new task joins the group before the resolver looks: no message.
+    second = em.create_task(taskGroupId=group)
+    as_worker(em, claim_one(em, queue, second)).reportFailed(second, 0)
+    third = em.create_task(taskGroupId=group)
+    background(em)
+    assert len(group_resolved(em, group)) == 1
+    queue.cancelTask(third)
+    background(em)
+    assert len(group_resolved(em, group)) == 2
+
+
+def test_list_task_group_sorts_task_ids_as_the_database_collation_does(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    group = taskcluster.slugid.nice()
+    # By code point these would be -, A, _, a, b; the queue's ICU collation says _ - a A b.
+    ids = [
+        "baaaaaaaQaaaaaaaaaaaaA",
+        "AAAAAAAAQAaAAAAAAAAAAA",
+        "aaaaaaaaQaaaaaaaaaaaaA",
+        "-aaaaaaaQaaaaaaaaaaaaA",
+        "_aaaaaaaQaaaaaaaaaaaaA",
+        "aaaaaaaaQaaaaaaaaaaabA",
+    ]
+    for task_id in ids:
+        queue.createTask(task_id, em.task_definition(taskGroupId=group))
+    listed = [t["status"]["taskId"] for t in queue.listTaskGroup(group)["tasks"]]
+    assert listed == [ids[4], ids[3], ids[2], ids[1], ids[5], ids[0]]
+    first = queue.listTaskGroup(group, query={"limit": 4})
+    rest = queue.listTaskGroup(
+        group, query={"limit": 4, "continuationToken": first["continuationToken"]}
+    )
+    assert [t["status"]["taskId"] for t in first["tasks"] + rest["tasks"]] == listed
+
+
+def test_an_error_echoes_the_payload_with_its_defaults_filled_in(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    task_id = taskcluster.slugid.nice()
+    bad = em.task_definition(retries=-1, routes=["coalesce.v1.k"])
+    with pytest.raises(TaskclusterRestFailure) as invalid:
+        queue.createTask(task_id, bad)
+    assert invalid.value.body["code"] == "InputValidationError"
+    payload = invalid.value.body["requestInfo"]["payload"]
+    assert payload == {
+        **bad,
+        "schedulerId": "-",
+        "projectId": "none",
+        "dependencies": [],
+        "requires": "all-completed",
+        "priority": "lowest",
+        "scopes": [],
+        "tags": {},
+        "extra": {},
+    }
+    # The same for a request that validates but is refused later.
+    queue.createTask(task_id, em.task_definition())
+    with pytest.raises(TaskclusterRestFailure) as conflict:
+        queue.createTask(task_id, em.task_definition(priority="high"))
+    assert conflict.value.status_code == 409
+    echoed = conflict.value.body["requestInfo"]["payload"]
+    assert (echoed["priority"], echoed["retries"], echoed["routes"]) == ("high", 5, [])
+
+
+def test_an_unresolved_task_is_resolved_deadline_delay_after_its_deadline(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    task_id = em.create_task()
+    worker = as_worker(em, claim_one(em, queue, task_id))
+    em.clock.advance(1000)
+    worker = as_worker(em, worker.reclaimTask(task_id, 0))  # takenUntil: 2200 s
+    em.clock.advance(1000)
+    worker = as_worker(em, worker.reclaimTask(task_id, 0))  # takenUntil: 3200 s
+    em.clock.advance(1000)
+    worker = as_worker(em, worker.reclaimTask(task_id, 0))  # takenUntil: 4200 s
+    em.clock.advance(600 + 65)  # deadline (3600 s) passed, the resolver not yet there (70 s)
+    status = queue.status(task_id)["status"]
+    assert status["state"] == "running"
+    with pytest.raises(TaskclusterRestFailure) as late:
+        worker.reclaimTask(task_id, 0)  # the API refuses past the deadline at once
+    assert late.value.status_code == 409
+    em.clock.advance(5)
+    status = queue.status(task_id)["status"]
+    assert (status["state"], status["runs"][0]["reasonResolved"]) == (
+        "exception",
+        "deadline-exceeded",
+    )
+    assert kinds(em, task_id)[-1] == "task-exception"
+    assert status["runs"][0]["workerId"] == WORKER["workerId"]

@@ -4,7 +4,8 @@ behind ``/v1/stats``, and recent answers for the debug pages.
 Queries stay at one Redis round trip: answers (and how long each took) are buffered here and
 written to each key's log, and observed by the metrics, in batches by :meth:`Observer.flush`,
 which the web app calls about once a second. Gauges of the index (pending tasks, the oldest
-wait) are read from Redis when ``/metrics`` is scraped, so they agree across processes.
+wait) are read from Redis when ``/metrics`` is scraped, so they agree across processes: counted
+then for a small index, else as the background upkeep last counted them (:mod:`coalescer.upkeep`).
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set (several web processes), prometheus-client keeps the
 counters in files there and :func:`exposition` merges every process's.
@@ -23,8 +24,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
+from coalescer import keyset
 from coalescer.errors import StoreError, StoreUnavailable
 from coalescer.store import Store, views
+from coalescer.store import keyset as stored
 
 if TYPE_CHECKING:
     from coalescer.health import Health
@@ -160,46 +163,53 @@ class Observer:
 
 
 class _IndexGauges(Collector):
-    """Gauges read from the index at scrape time (the same from every process), and the
-    health of the process scraped."""
+    """Gauges of the index (the same from every process): the keys known now, the rest as the
+    last count found them (:func:`coalescer.store.keyset.totals`); and the health of the
+    process scraped."""
 
     def __init__(
-        self, summaries: list[views.KeySummary] | None, now_ms: int, health: Health | None
+        self, totals: keyset.Totals | None, up: bool, now_ms: int, health: Health | None
     ) -> None:
-        self.summaries = summaries
+        self.totals = totals
+        self.up = up
         self.now_ms = now_ms
         self.health = health
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("coalescer_store_up", "1 when the store (Redis) answered")
-        up.add_metric([], 0 if self.summaries is None else 1)
+        up.add_metric([], 1 if self.up else 0)
         yield up
         yield from self._health()
-        if self.summaries is None:
+        if self.totals is None:
             return
-        waits = [
-            max(0.0, (self.now_ms - s.oldest_since_ms) / 1000)
-            for s in self.summaries
-            if s.pending and s.oldest_since_ms is not None
-        ]
-        for name, doc, value in (
-            ("coalescer_keys", "Coalescing keys known", len(self.summaries)),
-            (
-                "coalescer_keys_with_pending",
-                "Coalescing keys with pending tasks",
-                sum(1 for s in self.summaries if s.pending),
-            ),
-            (
-                "coalescer_pending_tasks",
-                "Pending tasks in the index, over every key",
-                sum(s.pending for s in self.summaries),
-            ),
-            (
-                "coalescer_oldest_pending_seconds",
-                "How long the longest-waiting pending task has waited, over every key",
-                max(waits, default=0.0),
-            ),
-        ):
+        t = self.totals
+        gauges = [("coalescer_keys", "Coalescing keys known", float(t.keys))]
+        if t.counted_ms is not None:  # a large index before its first background count
+            gauges += [
+                (
+                    "coalescer_keys_with_pending",
+                    "Coalescing keys with pending tasks",
+                    t.with_pending,
+                ),
+                (
+                    "coalescer_pending_tasks",
+                    "Pending tasks in the index, over every key",
+                    t.pending,
+                ),
+                (
+                    "coalescer_oldest_pending_seconds",
+                    "How long the longest-waiting pending task has waited, over every key",
+                    t.oldest_wait_seconds(self.now_ms),
+                ),
+                (
+                    "coalescer_index_count_age_seconds",
+                    "How old the counts of keys with pending tasks, pending tasks and the "
+                    "oldest wait are: 0 for an index small enough to count at scrape time, "
+                    "else the time since the background count began",
+                    t.age_seconds(self.now_ms),
+                ),
+            ]
+        for name, doc, value in gauges:
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], value)
             yield gauge
@@ -253,13 +263,14 @@ async def exposition(store: Store, health: Health | None = None) -> bytes:
     """The ``/metrics`` body: this service's counters (every process's, in multiprocess mode),
     the index gauges, read now, and this process's ``health``."""
     now_ms = int(time.time() * 1000)
-    summaries: list[views.KeySummary] | None
+    totals: keyset.Totals | None = None
+    up = True
     try:
-        summaries = await views.summaries(store, await store.keys(), now_ms=now_ms)
+        totals = await stored.totals(store, now_ms=now_ms)
     except StoreUnavailable as exc:
         STORE_ERRORS.labels(exc.reason).inc()
         log.warning("metrics without the index gauges: %s", exc)
-        summaries = None
+        up = False
     gauges = CollectorRegistry(auto_describe=False)
-    gauges.register(_IndexGauges(summaries, now_ms, health))
+    gauges.register(_IndexGauges(totals, up, now_ms, health))
     return generate_latest(_process_registry()) + generate_latest(gauges)

@@ -12,8 +12,10 @@ from typing import Any
 
 import orjson
 
+from coalescer import keyset
 from coalescer.policy.rules import Policy
 from coalescer.store import Store
+from coalescer.store import keyset as stored
 from coalescer.store import lineage as records
 
 #: Longest chain followed (chains are short in practice: each link is a newer push).
@@ -23,10 +25,12 @@ REPLACED = frozenset({"decided", "settling", "held", "superseded", "canceled"})
 
 
 async def deciding_keys(store: Store, policy: Policy | None) -> list[str]:
-    """The known keys whose rule decides on arrival: the only ones with lineage."""
+    """The keys whose rule decides on arrival (the only ones with lineage), among the
+    :data:`~coalescer.keyset.LIST_CAP` most recently active keys."""
     if policy is None or not policy.decides:
         return []
-    return [k for k, _ in await store.keys() if policy.rule_for(k).decides]
+    listed, _ = await stored.recent(store, 0, keyset.LIST_CAP - 1)
+    return [k for k, _ in listed if policy.rule_for(k).decides]
 
 
 def _decision_json(d: records.Decision, task_id: str) -> dict[str, Any]:
@@ -99,8 +103,8 @@ async def handoff(store: Store, policy: Policy | None, task_id: str) -> list[dic
 
 
 async def stats(store: Store, policy: Policy | None) -> list[dict[str, Any]]:
-    """Per deciding key and rule: tasks superseded, canceled, released, and the worker time
-    saved (estimated from the key's recent run durations)."""
+    """Per deciding key and rule (:func:`deciding_keys`): tasks superseded, canceled,
+    released, and the worker time saved (estimated from the key's recent run durations)."""
     names = await deciding_keys(store, policy)
     out = []
     for key, counts in (await records.counters(store, names)).items():

@@ -35,7 +35,14 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash),
 ``co:outbox`` (zset, key → last time it may have had outbox work), ``co:index`` (hash: the
 index's state marker, ``state`` ok|lost, ``since_ms``, ``rebuilt_ms``; see ``marker.lua``) and
-``co:probe`` (string: a write that shows Redis takes writes).
+``co:probe`` (string: a write that shows Redis takes writes). In the slot of ``co:keys`` (hash
+tag ``{co:keys}``, so that one script can write both zsets):
+
+* ``{co:keys}:expiry`` zset   key → when its data expires (its newest deadline plus the grace
+  period): the sweeper forgets a key from both zsets once that has passed;
+* ``{co:keys}:census`` hash   the index's totals (keys with pending tasks, pending tasks, the
+  oldest wait), counted in the background for ``/metrics`` and ``/v1/stats``;
+* ``{co:keys}:lease``  string the process doing that upkeep round, with a TTL.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ STATS = "co:stats"
 OUTBOX = "co:outbox"
 INDEX_STATE = "co:index"
 PROBE = "co:probe"
+KEYS_EXPIRY = "{co:keys}:expiry"
+CENSUS = "{co:keys}:census"
+UPKEEP_LEASE = "{co:keys}:lease"
 #: The consumer group of every outbox stream.
 OUTBOX_GROUP = "enforce"
 

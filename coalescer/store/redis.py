@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
-from coalescer import model
+from coalescer import keyset, model
 from coalescer.errors import StoreError, StoreRejected, StoreUnavailable
 from coalescer.store import keys, views
 from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients
@@ -48,6 +48,8 @@ _SCRIPTS = (
     "lease",
     "idle",
     "marker",
+    "list",
+    "unlist",
 )
 #: How many resolutions and answers each key remembers for the pages.
 LOG_LENGTH = 50
@@ -271,8 +273,15 @@ class Store:
                 )
                 if key in deciding:
                     queue_decide(self, pipe, key, deciding[key], now, ev)
-            activity = {key: now for _, key in calls}
-            pipe.zadd(keys.KEYS_INDEX, activity)
+            # A key is known until the newest deadline plus grace of its tasks (keyset.py).
+            expiring: dict[str, int] = {}
+            for i, key in calls:
+                expires = keyset.expires_ms(events[i].deadline_ms, self.grace_ms)
+                if expires > now:
+                    expiring[key] = max(expires, expiring.get(key, 0))
+            if expiring:
+                pairs = [a for item in expiring.items() for a in item]
+                self._eval(pipe, "list", (keys.KEYS_INDEX, keys.KEYS_EXPIRY), now, *pairs)
             if deciding:
                 pipe.zadd(keys.OUTBOX, {key: now for key in deciding})
             for i, key in calls:
@@ -410,7 +419,8 @@ class Store:
         return [entry.decode().split("|", 5) for entry in raw]
 
     async def keys(self, *, since_ms: int = 0) -> list[tuple[str, int]]:
-        """Known coalescing keys with their last activity (ms), most recent first."""
+        """Every known coalescing key with its last activity (ms), most recent first: O(keys),
+        for the commands and the enforcer; the pages read pages of keys (:mod:`.keyset`)."""
         (raw,) = await self._pipeline(
             lambda pipe: pipe.zrevrangebyscore(keys.KEYS_INDEX, "+inf", since_ms, withscores=True)
         )
@@ -427,9 +437,6 @@ class Store:
             lambda pipe: [pipe.zcount(keys.group(k)[3], f"({now}", "+inf") for k in key_names]
         )
         return dict(zip(key_names, map(int, counts), strict=True))
-
-    async def forget_key(self, key: str) -> None:
-        await self._pipeline(lambda pipe: pipe.zrem(keys.KEYS_INDEX, key))
 
     async def forget(self, key: str, task_ids: Sequence[str]) -> int:
         """Drop ``task_ids`` from ``key`` entirely (the queue no longer knows them), atomically;

@@ -1,7 +1,7 @@
 """What the debug pages and ``/metrics`` read: a key, a task, summaries of keys.
 
 None of this is on the query path. Each view is one round trip per step (the task view takes
-three: the keys, what each key knows of the task, the tasks its answer listed). The records
+two: what each key looked at knows of the task, the tasks its answer listed). The records
 written for the task page are built here too (:func:`answer_records`), so that their format
 lives in one module.
 """
@@ -229,12 +229,11 @@ async def key_view(store: Store, key: str, *, now_ms: int, limit: int = 1000) ->
     )
 
 
-async def task_view(store: Store, task_id: str) -> list[TaskUnderKey]:
-    """Every key that knows ``task_id`` (as a task, or from an answer that listed it)."""
-    listed = await store.keys()
-    if not listed:
+async def task_view(store: Store, task_id: str, names: Sequence[str]) -> list[TaskUnderKey]:
+    """Each of the keys ``names`` that knows ``task_id`` (as a task, or from an answer that
+    listed it)."""
+    if not names:
         return []
-    names = [k for k, _ in listed]
 
     def fill(pipe: Any) -> None:
         for key in names:

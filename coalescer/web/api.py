@@ -17,10 +17,11 @@ from starlette.responses import Response
 from starlette.routing import request_response
 from starlette.types import Receive, Scope, Send
 
-from coalescer import __version__, model
+from coalescer import __version__, keyset, model
 from coalescer.errors import InvalidInput
 from coalescer.health import Health
 from coalescer.store import Store
+from coalescer.store import keyset as stored
 from coalescer.web import pages
 from coalescer.web.responses import JSON, NOSNIFF, wants_html
 from coalescer.web.tracing import RequestId
@@ -210,23 +211,28 @@ async def compat_list_all(request: Request) -> Response:
 
 
 async def compat_keys(request: Request) -> Response:
-    """tc-coalesce's ``GET /v1/list``: ``{"<prefix>.": [keys]}`` of keys with pending tasks."""
+    """tc-coalesce's ``GET /v1/list``: ``{"<prefix>.": [keys]}`` of keys with pending tasks,
+    among the :data:`~coalescer.keyset.LIST_CAP` most recently active keys."""
+    store = _store(request)
+    listed, _ = await stored.recent(store, 0, keyset.LIST_CAP - 1)
+    counts = await store.pending_counts([k for k, _ in listed])
     prefix = request.app.state.settings.route_prefix + "."
-    return JSON({prefix: await active_keys(_store(request))})
-
-
-async def active_keys(store: Store) -> list[str]:
-    counts = await store.pending_counts([k for k, _ in await store.keys()])
-    return [key for key, n in counts.items() if n]
+    return JSON({prefix: [key for key, n in counts.items() if n]})
 
 
 async def compat_stats(request: Request) -> Response:
-    """tc-coalesce's ``GET /v1/stats``: string counters, plus ours."""
+    """tc-coalesce's ``GET /v1/stats``: string counters, plus ours. ``pending_count`` and
+    ``coalesced_lists`` are the index's totals as last counted (``index_counted_at``); they
+    are missing until a large index has been counted once."""
     store = _store(request)
     stats = await store.stats()
-    counts = await store.pending_counts([k for k, _ in await store.keys()])
-    stats["pending_count"] = str(sum(counts.values()))
-    stats["coalesced_lists"] = str(sum(1 for n in counts.values() if n))
+    now_ms = int(time.time() * 1000)
+    totals = await stored.totals(store, now_ms=now_ms)
+    stats["keys"] = str(totals.keys)
+    if totals.counted_ms is not None:
+        stats["pending_count"] = str(totals.pending)
+        stats["coalesced_lists"] = str(totals.with_pending)
+        stats["index_counted_at"] = str(totals.counted_ms / 1000)
     stats.setdefault("total_msgs_handled", "0")
     return JSON(stats)
 

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from coalescer import logs
+from coalescer import logs, upkeep
 from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreError, StoreUnavailable
 from coalescer.health import Health, Supervisor, watch_store
 from coalescer.logs import Throttled
@@ -176,6 +176,8 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         supervisor.every(
             "watch-store", WATCH_SECONDS, partial(watch_store, app.state.store, app.state.health)
         )
+        # Forgets keys whose tasks have all expired; counts the index for /metrics.
+        supervisor.every("upkeep", upkeep.EVERY, upkeep.rounds(app.state.store))
         listener = None
         if settings.pulse_url is not None and settings.redis_url is None:
             # Embedded store: the Pulse consumer must live in this process to share it.

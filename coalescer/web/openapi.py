@@ -111,15 +111,42 @@ def document() -> dict[str, Any]:
         "paths": {
             "/": {
                 "get": _op(
-                    "Coalescing keys: pending count, oldest wait, last activity. " + _PAGES,
-                    {"200": _json(_ref("Overview"), "The keys", html=True), **_errors(503)},
+                    "Coalescing keys, most recently active first, 100 a page: pending count, "
+                    "oldest wait, last activity. " + _PAGES,
+                    {
+                        "200": _json(_ref("Overview"), "The keys", html=True),
+                        **_errors(400, 503),
+                    },
                     parameters=[
                         _param(
                             "q",
                             "query",
                             {"type": "string"},
-                            "filter: part of a key, or a glob (``*``, ``?``)",
-                        )
+                            "filter: part of a key, or a glob (``*``, ``?``); each page "
+                            "examines about 5,000 keys",
+                        ),
+                        _param(
+                            "page",
+                            "query",
+                            {
+                                "anyOf": [
+                                    {"type": "integer", "minimum": 1, "maximum": 999_999_999},
+                                    {"const": ""},
+                                ]
+                            },
+                            "page number, from 1 (without ``q``)",
+                        ),
+                        _param(
+                            "after",
+                            "query",
+                            {
+                                "anyOf": [
+                                    {"type": "integer", "minimum": 0, "maximum": 10**19 - 1},
+                                    {"const": ""},
+                                ]
+                            },
+                            "with ``q``: where the previous page's search stopped (its ``next``)",
+                        ),
                     ],
                 )
             },
@@ -170,7 +197,16 @@ def document() -> dict[str, Any]:
                         "200": _json(_ref("Task"), "The task", html=True),
                         **_errors(400, 404, 503),
                     },
-                    parameters=[_TASK_PARAM],
+                    parameters=[
+                        _TASK_PARAM,
+                        _param(
+                            "key",
+                            "query",
+                            {"type": "string", "maxLength": model.MAX_KEY_LENGTH},
+                            "look only under this key; without it, under the 1,000 most "
+                            "recently active keys",
+                        ),
+                    ],
                 )
             },
             "/v1/events": {
@@ -263,7 +299,8 @@ def document() -> dict[str, Any]:
             },
             "/v1/list": {
                 "get": _op(
-                    'tc-coalesce: ``{"<prefix>.": [keys with pending tasks]}``',
+                    'tc-coalesce: ``{"<prefix>.": [keys with pending tasks]}``, among the '
+                    "1,000 most recently active keys",
                     {"200": _json(counts, "OK"), **_errors(503)},
                 )
             },

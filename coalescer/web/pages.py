@@ -13,14 +13,16 @@ import re
 import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from coalescer import model
+from coalescer import keyset, model
 from coalescer.errors import InvalidInput
 from coalescer.store import Store, views
+from coalescer.store import keyset as stored
 from coalescer.web import lineage
 from coalescer.web.responses import JSON, error, wants_html
 
@@ -32,8 +34,6 @@ _ENV = jinja2.Environment(
 )
 #: Seconds between a page's own refreshes.
 REFRESH = 5
-#: Rows on the overview; a filter (``?q=``) finds the rest.
-MAX_KEYS = 500
 
 
 def _span(seconds: int) -> str:
@@ -134,17 +134,31 @@ def matches(key: str, query: str) -> bool:
 
 
 async def overview(request: Request) -> Response:
+    """The keys, most recently active first, a page (:data:`~coalescer.keyset.PAGE_SIZE`) at
+    a time (``?page=``); filtered (``?q=``), the matches among the next
+    :data:`~coalescer.keyset.SEARCH_BUDGET` keys examined (``?after=`` goes on)."""
     store = _store(request)
     query = request.query_params.get("q", "").strip()[: model.MAX_KEY_LENGTH]
-    listed = await store.keys()
-    found = [(k, a) for k, a in listed if matches(k, query)] if query else listed
+    page = keyset.page_number(request.query_params.get("page"))
+    after = keyset.cursor(request.query_params.get("after"))
     now_ms = int(time.time() * 1000)
-    rows = await views.summaries(store, found[:MAX_KEYS], now_ms=now_ms)
+    if query:
+        found, more = await stored.search(store, lambda k: matches(k, query), after)
+        found.sort(key=lambda row: row[1], reverse=True)
+        next_page = f"?q={quote(query)}&after={more}" if more else None
+    else:
+        found, known = await stored.recent(store, *keyset.page_range(page))
+        more = known > page * keyset.PAGE_SIZE
+        next_page = f"?page={page + 1}" if more else None
+    rows = await views.summaries(store, found, now_ms=now_ms)
+    totals = await stored.totals(store, now_ms=now_ms)
     if not wants_html(request):
         return JSON(
             {
                 "versions": ["v1"],
-                "total": len(found),
+                "total": totals.keys,
+                "page": None if query else page,
+                "next": next_page,
                 "keys": [
                     {
                         "key": r.key,
@@ -161,9 +175,10 @@ async def overview(request: Request) -> Response:
         "overview.html",
         rows=rows,
         q=query,
-        total=len(found),
-        known=len(listed),
-        pending=sum(r.pending for r in rows),
+        page=page,
+        first=(page - 1) * keyset.PAGE_SIZE,
+        next_page=next_page,
+        totals=totals,
         now_ms=now_ms,
         refresh=REFRESH,
     )
@@ -229,12 +244,25 @@ async def task_page(request: Request) -> Response:
         if wants_html(request):
             return error_page(request, 400, str(exc))
         raise
-    found = await views.task_view(_store(request), task_id)
+    store = _store(request)
+    hint = request.query_params.get("key")
+    if hint:
+        names = [model.check_key(hint)]
+    else:
+        listed, _ = await stored.recent(store, 0, keyset.TASK_PAGE_KEYS - 1)
+        names = [k for k, _ in listed]
+    found = await views.task_view(store, task_id, names)
     if not found:
+        where = (
+            f"under key {hint!r}"
+            if hint
+            else f"under the {keyset.TASK_PAGE_KEYS} most recently active keys (add "
+            "?key=<key> to look under another)"
+        )
         message = (
-            f"the service knows nothing of task {task_id}: it has seen no event of it under a "
-            "coalescing route and no answer that listed it, or it has been forgotten since its "
-            "deadline passed"
+            f"the service knows nothing of task {task_id} {where}: it has seen no event of it "
+            "under a coalescing route and no answer that listed it, or it has been forgotten "
+            "since its deadline passed"
         )
         if wants_html(request):
             return error_page(request, 404, message, task_id=task_id)

@@ -47,7 +47,15 @@ def components(slugid: str) -> dict[str, Any]:
             "required": ["versions", "total", "keys"],
             "properties": {
                 "versions": {"type": "array", "items": {"type": "string"}},
-                "total": {"type": "integer", "description": "keys matching ``q``"},
+                "total": {"type": "integer", "description": "keys known"},
+                "page": {
+                    "type": ["integer", "null"],
+                    "description": "this page's number (null for a filtered page)",
+                },
+                "next": {
+                    "type": ["string", "null"],
+                    "description": "the query string of the next page, if there is one",
+                },
                 "keys": {
                     "type": "array",
                     "items": {

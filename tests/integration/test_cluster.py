@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from coalescer import upkeep
 from coalescer.model import TaskEvent
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
@@ -120,3 +121,12 @@ async def test_the_http_api_over_a_cluster(
         assert [r["status"] for r in posted.json()["results"]] == ["applied", "applied"]
         assert (await c.get(f"/k?taskId={a}")).json() == {"supersedes": [a, b]}
         assert (await c.get("/v1/stats")).json()["pending_count"] == "2"
+
+
+async def test_keys_are_forgotten_and_counted_on_a_cluster(cluster_store: Store) -> None:
+    names = [f"k{i}" for i in range(20)]
+    await cluster_store.apply([ev(f"t{i}", 1.0, key) for i, key in enumerate(names)], now_ms=NOW)
+    tally = await upkeep.count(cluster_store, now_ms=NOW, step=5)
+    assert (tally.with_pending, tally.pending) == (20, 20)
+    assert await upkeep.sweep(cluster_store, now_ms=NOW + 2 * 3_600_000 + 1, step=5) == 20
+    assert await cluster_store.keys() == []

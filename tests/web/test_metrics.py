@@ -108,7 +108,7 @@ SCRAPE = """
 import asyncio
 from coalescer import observe
 class NoStore:
-    async def keys(self):
+    async def _pipeline(self, fill):
         from coalescer.errors import StoreUnavailable
         raise StoreUnavailable("not needed here")
 print(asyncio.run(observe.exposition(NoStore())).decode())

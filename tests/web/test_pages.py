@@ -68,7 +68,7 @@ async def test_key_page_shows_pending_answers_and_superseded_resolutions(
     pending = page.split("<h2>Pending tasks</h2>")[1].split("<h2>")[0]
     assert d in pending and a not in pending and c not in pending
     answers = page.split("<h2>Recent answers</h2>")[1].split("<h2>")[0]
-    assert f'href="/tasks/{b}"' in answers and "3 tasks" in answers
+    assert f'href="/tasks/{b}?key=k"' in answers and "3 tasks" in answers
     resolutions = page.split("<h2>Recent resolutions</h2>")[1]
     assert resolutions.count('class="pill superseded">superseded') == 2
     assert a in resolutions and b in resolutions and "completed" in resolutions
@@ -104,7 +104,7 @@ async def test_task_page_says_who_superseded_a_task(
 
     page = (await client.get(f"/tasks/{a}", headers=HTML)).text
     assert "<b>Superseded</b>, most likely by" in page
-    assert re.search(rf'href="/tasks/{c}"', page)
+    assert re.search(rf'href="/tasks/{c}\?key=k"', page)
 
 
 async def test_task_page_says_what_the_primary_superseded(

@@ -77,6 +77,10 @@ class Settings:
     pulse_queue: str | None = None
     pulse_prefetch: int = 64
     pulse_max_length: int = 1_000_000
+    #: ``COALESCER_RECORD_FILE``: append every applied event here (see coalescer.ingest.record)
+    record_file: str | None = None
+    #: ``COALESCER_RECORD_MAX_BYTES``: rotate the record file once at this size
+    record_max_bytes: int = 256 << 20
     log_level: str = "INFO"
     log_json: bool = True
     #: ``COALESCER_POLICY_FILE``, read and validated at start (see coalescer.policy.rules)
@@ -149,6 +153,8 @@ class Settings:
             pulse_queue=get("PULSE_QUEUE"),
             pulse_prefetch=integer("COALESCER_PULSE_PREFETCH", cls.pulse_prefetch, 1),
             pulse_max_length=integer("COALESCER_PULSE_MAX_LENGTH", cls.pulse_max_length, 1),
+            record_file=get("COALESCER_RECORD_FILE"),
+            record_max_bytes=integer("COALESCER_RECORD_MAX_BYTES", cls.record_max_bytes, 1024),
             log_level=(get("COALESCER_LOG_LEVEL") or cls.log_level).upper(),
             log_json=(get("COALESCER_LOG_FORMAT") or "json") == "json",
             policy_file=get("COALESCER_POLICY_FILE"),

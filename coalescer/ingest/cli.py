@@ -65,6 +65,19 @@ def register(sub: Any) -> None:
         help="on SIGTERM, finish what was delivered within this time (default 10); the rest "
         "goes back to the queue",
     )
+    listen.add_argument(
+        "--record",
+        metavar="FILE",
+        help="append every applied event to FILE as a JSON line, for `coalescer replay --events` "
+        "(default COALESCER_RECORD_FILE, else none)",
+    )
+    listen.add_argument(
+        "--record-max-bytes",
+        type=_positive,
+        metavar="N",
+        help="rotate FILE to FILE.1 once at N bytes, so at most two files exist "
+        "(default COALESCER_RECORD_MAX_BYTES, else 256 MiB)",
+    )
     listen.set_defaults(handler=_listen)
 
     rec = sub.add_parser(
@@ -184,10 +197,13 @@ def _listen(args: argparse.Namespace, settings: Settings) -> int:
 async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.health import Health, Supervisor, watch_store
     from coalescer.ingest.pulse import Consumer
+    from coalescer.ingest.record import Recorder
     from coalescer.observe import Observer
     from coalescer.store import open_store
 
     stop = _stop_event()
+    path = args.record or settings.record_file
+    recorder = Recorder(path, args.record_max_bytes or settings.record_max_bytes) if path else None
     store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)
     # Says in the log when Redis stops taking writes, may evict keys, or was emptied.
     supervisor = Supervisor(Health())
@@ -202,11 +218,14 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
             batch_size=args.batch,
             batch_wait=args.batch_wait_ms / 1000,
             drain_timeout=args.drain_timeout,
+            recorder=recorder,
         )
         await consumer.run(stop)
     finally:
         await supervisor.stop()
         await store.close()
+        if recorder is not None:
+            recorder.close()
     return 0
 
 

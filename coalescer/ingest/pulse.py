@@ -38,6 +38,7 @@ from coalescer.errors import ConfigError, InvalidEvent, StoreUnavailable
 from coalescer.health import Supervisor
 from coalescer.ingest import topology
 from coalescer.ingest.events import Message, to_event
+from coalescer.ingest.record import Recorder
 from coalescer.logs import Throttled
 from coalescer.model import TaskEvent
 from coalescer.observe import HELD, STORE_ERRORS, Observer
@@ -88,6 +89,7 @@ class Consumer:
         drain_timeout: float = 10.0,
         reconnect_interval: float = 2.0,
         connection_name: str | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         if settings.pulse_url is None:
             raise ConfigError("PULSE_URL is not set: nothing to listen to")
@@ -106,6 +108,7 @@ class Consumer:
         self.connection_name = connection_name or (
             f"coalescer {socket.gethostname()} pid {os.getpid()}"
         )
+        self.recorder = recorder
         self.bindings = topology.bindings(settings.route_prefix, settings.taskcluster_root_url)
         self.connection: AbstractRobustConnection | None = None
         #: Set once the queue is bound and consumed: what is published from then on arrives.
@@ -228,11 +231,13 @@ class Consumer:
         """Apply a batch in one round trip, then settle each delivery with the broker."""
         outcomes: list[str] = ["ignored"] * len(batch)
         events: list[TaskEvent] = []
+        messages: list[Message] = []
         slots: list[int] = []
         for i, delivery in enumerate(batch):
             try:
+                message = decode(delivery)
                 event = to_event(
-                    decode(delivery),
+                    message,
                     prefix=self.settings.route_prefix,
                     rank_tag=self.settings.rank_tag,
                 )
@@ -253,9 +258,14 @@ class Consumer:
                 continue
             if event is not None:
                 events.append(event)
+                messages.append(message)
                 slots.append(i)
         for i, outcome in zip(slots, await self._apply(events) if events else [], strict=True):
             outcomes[i] = outcome
+        if self.recorder is not None:
+            self.recorder.record(
+                m for m, i in zip(messages, slots, strict=True) if outcomes[i] not in SET_ASIDE
+            )
         await self._settle(batch, outcomes)
         # Counting never holds or loses events: the observer keeps what it could not write.
         await self.observer.ingest("pulse", outcomes, [d.exchange or "" for d in batch])
@@ -361,11 +371,17 @@ class Listener:
 
     @classmethod
     def start(
-        cls, settings: Settings, store: Store, observer: Observer, supervisor: Supervisor
+        cls,
+        settings: Settings,
+        store: Store,
+        observer: Observer,
+        supervisor: Supervisor,
+        recorder: Recorder | None = None,
     ) -> Listener:
         # A one-machine setup (the emulator's bare RabbitMQ) may lack the exchanges; on Pulse
         # they exist, so nothing is ever declared there.
-        return cls(Consumer(settings, store, observer, declare_exchanges=True), supervisor)
+        consumer = Consumer(settings, store, observer, declare_exchanges=True, recorder=recorder)
+        return cls(consumer, supervisor)
 
     async def _run(self) -> None:
         await self.consumer.run(self._stop)

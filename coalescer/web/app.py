@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from coalescer import logs, upkeep
 from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreError, StoreUnavailable
 from coalescer.health import Health, Supervisor, watch_store
+from coalescer.ingest.record import Recorder
 from coalescer.logs import Throttled
 from coalescer.observe import HTTP_ERRORS, STORE_ERRORS, Observer, exposition
 from coalescer.settings import Settings
@@ -166,6 +167,8 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             query_timeout=settings.query_timeout,
         )
         app.state.observer = Observer(app.state.store)
+        if settings.record_file is not None:  # appends what POST /v1/events and Pulse apply
+            app.state.recorder = Recorder(settings.record_file, settings.record_max_bytes)
         if settings.taskcluster_root_url is not None:  # learns unknown tasks from the queue
             from coalescer.ingest.learn import Learner
 
@@ -183,7 +186,9 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             # Embedded store: the Pulse consumer must live in this process to share it.
             from coalescer.ingest.pulse import Listener
 
-            listener = Listener.start(settings, app.state.store, app.state.observer, supervisor)
+            listener = Listener.start(
+                settings, app.state.store, app.state.observer, supervisor, app.state.recorder
+            )
         enforcer = None
         if app.state.store.embedded:
             # Likewise the policy enforcer (when a rule decides on arrival and the queue's
@@ -211,6 +216,9 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             if app.state.learner is not None:
                 await app.state.learner.close()
                 app.state.learner = None
+            if app.state.recorder is not None:
+                app.state.recorder.close()
+                app.state.recorder = None
             if own:
                 await app.state.store.close()
 
@@ -253,6 +261,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     app.state.commit = os.environ.get("SOURCE_COMMIT", "unknown")
     app.state.learner = None  # set by the lifespan when TASKCLUSTER_ROOT_URL is (ingest.learn)
     app.state.health = Health()
+    app.state.recorder = None  # set by the lifespan when COALESCER_RECORD_FILE is
     if store is not None:  # usable without running the lifespan (ASGITransport tests)
         app.state.store = store
         app.state.observer = Observer(store)

@@ -114,12 +114,12 @@ async def post_events(request: Request) -> Response:
         raise InvalidInput(f"at most {MAX_MESSAGES} messages per request")
     results: list[dict[str, Any]] = [{} for _ in docs]
     events: list[TaskEvent] = []
+    messages: list[Message] = []
     slots: list[int] = []
     for i, item in enumerate(docs):
         try:
-            event = to_event(
-                Message.from_json(item), prefix=settings.route_prefix, rank_tag=settings.rank_tag
-            )
+            message = Message.from_json(item)
+            event = to_event(message, prefix=settings.route_prefix, rank_tag=settings.rank_tag)
         except InvalidEvent as exc:
             results[i] = {"status": "invalid", "error": str(exc)}
             continue
@@ -127,11 +127,14 @@ async def post_events(request: Request) -> Response:
             results[i] = {"status": "ignored"}
         else:
             events.append(event)
+            messages.append(message)
             slots.append(i)
     try:
         outcomes = await request.app.state.store.apply(events, policy=settings.policy)
     except StoreUnavailable as exc:
         return _unavailable(exc, results, slots, events)
+    if (recorder := request.app.state.recorder) is not None:
+        recorder.record(messages)
     for i, event, outcome in zip(slots, events, outcomes, strict=True):
         results[i] = {"status": outcome, "taskId": event.task_id}
     exchanges = [str(d.get("exchange", "")) if isinstance(d, dict) else "" for d in docs]

@@ -57,7 +57,8 @@ class Recorder:
         self._lock = threading.Lock()
         self._file: int | None = None
         self._size = 0
-        self._log = Throttled(log)
+        self._behind_log = Throttled(log)  # the caller's thread
+        self._failed_log = Throttled(log)  # the writer's
 
     def record(self, messages: Iterable[Message]) -> None:
         """Queue ``messages`` for writing and return at once."""
@@ -68,7 +69,9 @@ class Recorder:
         with self._lock:
             if self._backlog >= MAX_BACKLOG:
                 FAILURES.inc(count)
-                self._log.log(logging.WARNING, "recorder too far behind: %d events dropped", count)
+                self._behind_log.log(
+                    logging.WARNING, "recorder too far behind: %d events dropped", count
+                )
                 return
             self._backlog += 1
         self._writer.submit(self._write, data, count)
@@ -94,7 +97,7 @@ class Recorder:
             self._size += len(data)
         except OSError as exc:
             FAILURES.inc(count)
-            self._log.log(
+            self._failed_log.log(
                 logging.ERROR, "could not record %d events in %s: %s", count, self.path, exc
             )
             self._drop_file()  # the next write opens the file afresh

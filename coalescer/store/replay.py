@@ -41,6 +41,7 @@ async def drop(store: Store, names: Sequence[str]) -> None:
                 keys.lease(key),
             )
         pipe.zrem(keys.KEYS_INDEX, *names)
+        pipe.zrem(keys.KEYS_EXPIRY, *names)
         pipe.zrem(keys.OUTBOX, *names)
 
     if names:

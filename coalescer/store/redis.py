@@ -256,21 +256,7 @@ class Store:
         def fill(pipe: Any) -> None:
             for i, key in calls:
                 ev = events[i]
-                self._eval(
-                    pipe,
-                    "apply",
-                    keys.group(key),
-                    ev.task_id,
-                    ev.run_id,
-                    int(ev.rank),
-                    ev.state,
-                    repr(ev.order),
-                    ev.deadline_ms,
-                    ev.pending_since_ms,
-                    now,
-                    self.grace_ms,
-                    ev.reason,
-                )
+                self._eval(pipe, "apply", keys.group(key), *apply_args(ev, now, self.grace_ms))
                 if key in deciding:
                     queue_decide(self, pipe, key, deciding[key], now, ev)
             # A key is known until the newest deadline plus grace of its tasks (keyset.py).
@@ -467,6 +453,22 @@ class IndexState:
     def decode(cls, raw: list[Any]) -> IndexState:
         state, since, rebuilt = (v.decode() if isinstance(v, bytes) else str(v) for v in raw[:3])
         return cls(state, int(since or 0), int(rebuilt) if rebuilt else None, bool(int(raw[3])))
+
+
+def apply_args(ev: model.TaskEvent, now_ms: int, grace_ms: int) -> tuple[Any, ...]:
+    """``apply.lua``'s ARGV for one event (see its header)."""
+    return (
+        ev.task_id,
+        ev.run_id,
+        int(ev.rank),
+        ev.state,
+        repr(ev.order),
+        ev.deadline_ms,
+        ev.pending_since_ms,
+        now_ms,
+        grace_ms,
+        ev.reason,
+    )
 
 
 def _script(name: str, embedded: bool) -> str:

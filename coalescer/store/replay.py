@@ -16,7 +16,7 @@ from typing import Any
 from coalescer import model
 from coalescer.store import keys
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
-from coalescer.store.redis import Store, decode_snapshot
+from coalescer.store.redis import Store, apply_args, decode_snapshot
 
 
 async def holds_nothing(store: Store) -> bool:
@@ -48,22 +48,6 @@ async def drop(store: Store, names: Sequence[str]) -> None:
         await store._pipeline(fill)
 
 
-def _apply_args(ev: model.TaskEvent, key: str, now_ms: int, grace_ms: int) -> list[Any]:
-    return [
-        *keys.group(key),
-        ev.task_id,
-        ev.run_id,
-        int(ev.rank),
-        ev.state,
-        repr(ev.order),
-        ev.deadline_ms,
-        ev.pending_since_ms,
-        now_ms,
-        grace_ms,
-        ev.reason,
-    ]
-
-
 async def apply_and_ask(
     store: Store,
     events: Sequence[model.TaskEvent],
@@ -74,7 +58,9 @@ async def apply_and_ask(
     cap: int,
 ) -> model.KeySnapshot:
     """Apply ``events`` (every key of each), then read ``key``'s snapshot for ``initial``."""
-    calls = [_apply_args(ev, k, now_ms, store.grace_ms) for ev in events for k in ev.keys]
+    calls = [
+        [*keys.group(k), *apply_args(ev, now_ms, store.grace_ms)] for ev in events for k in ev.keys
+    ]
     t, p, w, d, _ = keys.group(key)
     if isinstance(store.fast, PipelinedClient) and store._sha:
         # Commands on one connection run in the order sent: the applies before the read.

@@ -50,11 +50,15 @@ class Loop:
     restarts: int = 0
     last_ok: float | None = None  # time.time()
     last_error: str | None = None
+    last_failure: float = 0.0  # time.time()
     stopped: str | None = None  # why a service stopped for good
 
     @property
     def failing(self) -> bool:
-        return self.stopped is not None or self.failures >= FAILING_AFTER
+        """Stopped for good, or failed again and again lately (a service that was restarted and
+        then ran a while is well again)."""
+        recent = time.time() - self.last_failure < 2 * MAX_BACKOFF
+        return self.stopped is not None or (self.failures >= FAILING_AFTER and recent)
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": "error" if self.failing else "ok"}
@@ -217,6 +221,7 @@ class Supervisor:
         state.failures += 1
         state.total_failures += 1
         state.last_error = f"{type(exc).__name__}: {exc}"
+        state.last_failure = time.time()
         BACKGROUND_FAILURES.labels(state.name).inc()
         # A store outage is expected and shows elsewhere; anything else is a bug to look at.
         if isinstance(exc, StoreUnavailable):

@@ -83,6 +83,7 @@ class Health:
     #: Redis's ``maxmemory-policy`` when it may evict index keys.
     eviction: str | None = None
     index: IndexState | None = None
+    embedded: bool = False  # the store is the in-process one, empty at every start
     loops: dict[str, Loop] = dataclasses.field(default_factory=dict)
 
     def loop(self, name: str) -> Loop:
@@ -101,7 +102,9 @@ class Health:
                 "nothing is lost, but the index is behind until it takes writes again."
             )
         if self.index is not None and self.index.state != "ok":
-            out.append(f"Superseding is incomplete: {index_message(self.index)}.")
+            out.append(
+                f"Superseding is incomplete: {index_message(self.index, embedded=self.embedded)}."
+            )
         if self.eviction is not None:
             out.append(
                 f"Redis maxmemory-policy is {self.eviction}: it may evict index keys without "
@@ -133,16 +136,21 @@ class Health:
                 "error; set maxmemory-policy noeviction"
             )
         if self.index is not None and self.index.state != "ok":
-            details["index"] = index_message(self.index)
+            details["index"] = index_message(self.index, embedded=self.embedded)
         return {"checks": checks, "details": details}
 
 
-def index_message(state: IndexState) -> str:
+def index_message(state: IndexState, *, embedded: bool = False) -> str:
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.since_ms / 1000))
+    found = (
+        f"the embedded store started empty at {since} (it keeps nothing across restarts)"
+        if embedded
+        else f"the index has not been rebuilt from the queue since it was found empty at {since} "
+        "(Redis new, restarted empty or flushed)"
+    )
     return (
-        f"the index has not been rebuilt from the queue since it was found empty at {since} "
-        "(Redis new, restarted empty or flushed): tasks pending since before then are answered "
-        "alone until they change state; run `coalescer reconcile --rebuild`"
+        f"{found}: tasks pending since before then are answered alone until they change state; "
+        "run `coalescer reconcile --rebuild`"
     )
 
 
@@ -261,12 +269,14 @@ async def watch_store(store: Store, health: Health) -> None:
     health.eviction = eviction
     before = health.index
     state = await store.index_state(int(time.time() * 1000))
-    health.index = state
+    health.index, health.embedded = state, store.embedded
     if state.created and before is not None:
         log.error(
             "the index store was emptied (Redis restarted empty or was flushed): %s",
             index_message(state),
         )
+    elif state.created and store.embedded:  # said loudly at start already
+        log.info("%s", index_message(state, embedded=True))
     elif state.created:
         log.warning("the index store holds no marker (new, or emptied): %s", index_message(state))
     elif state.state == "ok" and before is not None and before.state != "ok":

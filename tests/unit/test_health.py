@@ -181,3 +181,10 @@ async def test_stop_ends_a_job_whose_library_turns_the_cancel_into_another_error
     supervisor.every("job", 30.0, job)
     await started.wait()
     await asyncio.wait_for(supervisor.stop(), 5)
+
+
+def test_the_embedded_store_says_it_starts_empty_not_that_redis_lost_data() -> None:
+    health = Health(index=IndexState("lost", 1_795_000_000_000, None, True), embedded=True)
+    (alert,) = health.alerts()
+    assert "embedded store started empty" in alert and "Redis" not in alert
+    assert "reconcile --rebuild" in health.report()["details"]["index"]

@@ -93,12 +93,10 @@ async def pulse_queue(amqp_url: str) -> AsyncIterator[str]:
         await channel.queue_delete(name)
 
 
-async def test_workers_supersede_through_the_real_service(
-    redis_client: aioredis.Redis, redis_url: str, amqp_url: str, pulse_queue: str, tmp_path: Path
-) -> None:
-    queue_port, web_port = free_port(), free_port()
-    root, service = f"http://127.0.0.1:{queue_port}", f"http://127.0.0.1:{web_port}"
-    prefix = f"coalesce.e2e{uuid.uuid4().hex[:8]}"
+def loop_environment(
+    redis_url: str, amqp_url: str, pulse_queue: str, prefix: str, root: str, client_id: str
+) -> dict[str, str]:
+    """The environment of every process of the loop (emulator, listen, serve, workers)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COALESCER_", "PULSE_"))}
     env.update(
         REDIS_URL=redis_url,
@@ -108,9 +106,19 @@ async def test_workers_supersede_through_the_real_service(
         COALESCER_RANK_TAG="push",
         COALESCER_LOG_FORMAT="text",
         TASKCLUSTER_ROOT_URL=root,
-        TASKCLUSTER_CLIENT_ID="e2e-worker",
+        TASKCLUSTER_CLIENT_ID=client_id,
         TASKCLUSTER_ACCESS_TOKEN="no-secret",
     )
+    return env
+
+
+async def test_workers_supersede_through_the_real_service(
+    redis_client: aioredis.Redis, redis_url: str, amqp_url: str, pulse_queue: str, tmp_path: Path
+) -> None:
+    queue_port, web_port = free_port(), free_port()
+    root, service = f"http://127.0.0.1:{queue_port}", f"http://127.0.0.1:{web_port}"
+    prefix = f"coalesce.e2e{uuid.uuid4().hex[:8]}"
+    env = loop_environment(redis_url, amqp_url, pulse_queue, prefix, root, "e2e-worker")
     procs = Processes(env, tmp_path)
     try:
         await run_scenario(procs, root, service, prefix, queue_port, web_port, amqp_url)

@@ -11,7 +11,6 @@ others' for a fraction of a second, so that one worker is busy while the other d
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from tests.integration.test_e2e import (  # noqa: F401  (the fixture)
     Processes,
     _true,
     eventually,
+    loop_environment,
     pulse_queue,
 )
 from tests.ports import free_port
@@ -52,18 +52,7 @@ async def test_replay_equals_the_end_to_end_run(
     queue_port, web_port = free_port(), free_port()
     root, service = f"http://127.0.0.1:{queue_port}", f"http://127.0.0.1:{web_port}"
     prefix = f"coalesce.honest{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COALESCER_", "PULSE_"))}
-    env.update(
-        REDIS_URL=redis_url,
-        PULSE_URL=amqp_url,
-        PULSE_QUEUE=pulse_queue,
-        COALESCER_ROUTE_PREFIX=prefix,
-        COALESCER_RANK_TAG="push",
-        COALESCER_LOG_FORMAT="text",
-        TASKCLUSTER_ROOT_URL=root,
-        TASKCLUSTER_CLIENT_ID="honest-worker",
-        TASKCLUSTER_ACCESS_TOKEN="no-secret",
-    )
+    env = loop_environment(redis_url, amqp_url, pulse_queue, prefix, root, "honest-worker")
     procs = Processes(env, tmp_path)
     try:
         queue, group, tasks = await run_end_to_end(procs, root, service, prefix, amqp_url)

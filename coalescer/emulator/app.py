@@ -17,31 +17,27 @@ Besides the queue API:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 import orjson
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route
+from starlette.routing import Route
 
 from coalescer.emulator import artifacts
 from coalescer.emulator.clock import format_time
 from coalescer.emulator.credentials import Hawk, parse_hawk
 from coalescer.emulator.messages import select
 from coalescer.emulator.model import QueueError
-from coalescer.emulator.runtime import Emulator, EmulatorOptions
+from coalescer.emulator.runtime import Emulator
 from coalescer.emulator.state import Outcome, QueueState
 from coalescer.schemas import errors as schema_errors
-from coalescer.schemas import load_reference
 
 _SLUG = r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]$"
 _IDENTIFIER = r"^[a-zA-Z0-9-_]{1,38}$"
@@ -187,7 +183,7 @@ def _plain_error(exc: QueueError) -> JSON:
     return JSON({"code": exc.code, "message": exc.message}, status_code=exc.status)
 
 
-def _control_routes(emulator: Emulator) -> list[Route]:
+def control_routes(emulator: Emulator) -> list[Route]:
     async def clock(request: Request) -> Response:
         if request.method == "POST":
             if not emulator.options.controllable_clock:
@@ -237,46 +233,14 @@ def _control_routes(emulator: Emulator) -> list[Route]:
     ]
 
 
-async def _not_found(request: Request, exc: Exception) -> Response:
+async def not_found(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = "ResourceNotFound" if exc.status_code == 404 else "InvalidRequestArguments"
     message = f"{request.method} {request.url.path}: {exc.detail}"
     return JSON({"code": code, "message": message}, status_code=exc.status_code)
 
 
-async def _internal_error(request: Request, exc: Exception) -> Response:
+async def internal_error(request: Request, exc: Exception) -> Response:
     # An emulator bug: say so in the queue's error shape (the traceback goes to the log).
     message = f"the queue emulator failed on {request.method} {request.url.path}: {exc!r}"
     return JSON({"code": "InternalServerError", "message": message}, status_code=500)
-
-
-def create_app(emulator: Emulator | EmulatorOptions | None = None) -> Starlette:
-    """The emulator as an ASGI app; its lifespan runs the publisher and the periodic checks."""
-    from coalescer.emulator.endpoints import HANDLERS, not_implemented
-
-    if not isinstance(emulator, Emulator):
-        emulator = Emulator(emulator)
-    running = emulator
-    entries = load_reference("api.json")["entries"]
-    api = [api_route(e, HANDLERS.get(e["name"], not_implemented), running) for e in entries]
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        running.loop = asyncio.get_running_loop()
-        await running.publisher.start()
-        ticker = asyncio.create_task(running.run_ticker(), name="emulator-ticker")
-        try:
-            yield
-        finally:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
-            await running.publisher.stop()
-
-    app = Starlette(
-        routes=[Mount("/api/queue/v1", routes=api), *_control_routes(running)],
-        lifespan=lifespan,
-        exception_handlers={HTTPException: _not_found, Exception: _internal_error},
-    )
-    app.state.emulator = running
-    return app

@@ -66,8 +66,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the emulator with uvicorn until interrupted."""
     import uvicorn
 
-    from coalescer.emulator.app import create_app
     from coalescer.emulator.runtime import EmulatorOptions
+    from coalescer.emulator.server import create_app
     from coalescer.errors import ConfigError
 
     if args.pulse_url and not args.pulse_url.startswith(("amqp://", "amqps://")):

@@ -23,10 +23,10 @@ from typing import Any, TypeVar
 
 import uvicorn
 
-from coalescer.emulator.app import create_app
 from coalescer.emulator.clock import Clock, format_time
 from coalescer.emulator.messages import select
 from coalescer.emulator.runtime import Emulator, EmulatorOptions
+from coalescer.emulator.server import create_app
 
 T = TypeVar("T")
 

@@ -72,7 +72,7 @@ class EmulatorOptions:
 
 
 class Emulator:
-    """One emulated queue. Build it, then serve it with :func:`coalescer.emulator.app.create_app`."""
+    """One emulated queue. Build it, then serve it with :func:`coalescer.emulator.server.create_app`."""
 
     def __init__(
         self,

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from coalescer import model
 from coalescer.errors import StoreRejected
 from coalescer.store import keys
-
-if TYPE_CHECKING:
-    from coalescer.store.redis import Store
+from coalescer.store.base import Pipelining
 
 #: Most decisions one script call takes; the rest follow on the next event or tick.
 MAX_DECISIONS = 256
@@ -37,7 +35,7 @@ def _text(value: Any) -> str:
 
 
 def queue_decide(
-    store: Store,
+    store: Pipelining,
     pipe: Any,
     key: str,
     rule_args: Sequence[str | int],
@@ -60,7 +58,7 @@ def queue_decide(
 
 
 async def tick(
-    store: Store, rules: Mapping[str, Sequence[str | int]], *, now_ms: int
+    store: Pipelining, rules: Mapping[str, Sequence[str | int]], *, now_ms: int
 ) -> dict[str, int]:
     """Run ``decide.lua`` without an event on each key (thresholds that time made due, events
     that were lost); keys left with outbox work are (re)listed for the enforcer. Returns the
@@ -123,7 +121,7 @@ class Entry:
         )
 
 
-async def work(store: Store, *, limit: int = 1000) -> list[tuple[str, float]]:
+async def work(store: Pipelining, *, limit: int = 1000) -> list[tuple[str, float]]:
     """Keys that may have outbox work, with the score that listed them (oldest first)."""
     (raw,) = await store._pipeline(
         lambda pipe: pipe.zrange(keys.OUTBOX, 0, limit - 1, withscores=True)
@@ -131,7 +129,7 @@ async def work(store: Store, *, limit: int = 1000) -> list[tuple[str, float]]:
     return [(_text(k), float(s)) for k, s in raw]
 
 
-async def outstanding(store: Store, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+async def outstanding(store: Pipelining, names: Sequence[str]) -> dict[str, tuple[int, int]]:
     """``(outbox entries, held victims)`` per key, in one round trip."""
     if not names:
         return {}
@@ -146,7 +144,7 @@ async def outstanding(store: Store, names: Sequence[str]) -> dict[str, tuple[int
     return {k: (int(raw[2 * i]), int(raw[2 * i + 1])) for i, k in enumerate(names)}
 
 
-async def idle(store: Store, key: str, seen: float) -> bool:
+async def idle(store: Pipelining, key: str, seen: float) -> bool:
     """Unlist ``key`` unless it was listed again after the enforcer saw ``seen``."""
     (done,) = await store._pipeline(
         lambda pipe: store._eval(pipe, "idle", (keys.OUTBOX,), key, repr(seen))
@@ -154,7 +152,7 @@ async def idle(store: Store, key: str, seen: float) -> bool:
     return bool(done)
 
 
-async def lease(store: Store, key: str, mode: str, holder: str, ttl_ms: int) -> bool:
+async def lease(store: Pipelining, key: str, mode: str, holder: str, ttl_ms: int) -> bool:
     """Acquire, renew or release the key's enforcer lease (``mode``); True when held."""
     (got,) = await store._pipeline(
         lambda pipe: store._eval(pipe, "lease", (keys.lease(key),), mode, holder, ttl_ms)
@@ -162,7 +160,7 @@ async def lease(store: Store, key: str, mode: str, holder: str, ttl_ms: int) -> 
     return bool(got)
 
 
-async def read(store: Store, key: str, consumer: str, *, count: int = 64) -> list[Entry]:
+async def read(store: Pipelining, key: str, consumer: str, *, count: int = 64) -> list[Entry]:
     """The key's outbox entries for ``consumer``, oldest first: every entry still pending in
     the group (a dead enforcer's included: the caller holds the key's lease, so nobody else is
     working on them), then new ones."""
@@ -202,7 +200,7 @@ def _entry_order(entry: Entry) -> tuple[int, ...]:
     return tuple(map(int, entry.id.split("-")))
 
 
-async def _create_group(store: Store, stream: str) -> None:
+async def _create_group(store: Pipelining, stream: str) -> None:
     try:
         await store._pipeline(
             lambda pipe: pipe.xgroup_create(stream, keys.OUTBOX_GROUP, id="0", mkstream=True)
@@ -212,7 +210,7 @@ async def _create_group(store: Store, stream: str) -> None:
             raise
 
 
-async def ack(store: Store, key: str, entry_id: str) -> None:
+async def ack(store: Pipelining, key: str, entry_id: str) -> None:
     """Acknowledge and delete an entry that needs nothing done (its decision moved on)."""
     stream = keys.policy(key)[5]
     await store._pipeline(
@@ -220,7 +218,7 @@ async def ack(store: Store, key: str, entry_id: str) -> None:
     )
 
 
-async def held_due(store: Store, key: str, now_ms: int, *, limit: int = 64) -> list[str]:
+async def held_due(store: Pipelining, key: str, now_ms: int, *, limit: int = 64) -> list[str]:
     """Held victims whose claim is due for renewal."""
     h = keys.policy(key)[6]
     (raw,) = await store._pipeline(
@@ -230,7 +228,7 @@ async def held_due(store: Store, key: str, now_ms: int, *, limit: int = 64) -> l
 
 
 async def settle(
-    store: Store,
+    store: Pipelining,
     key: str,
     victim: str,
     *,

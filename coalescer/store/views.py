@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coalescer.store import keys
-
-if TYPE_CHECKING:
-    from coalescer.store.redis import Store
+from coalescer.store.base import Pipelining
 
 #: ``(key, initial taskId, answer, reason, at_ms)``: one answer the service gave, as buffered.
 GivenAnswer = tuple[str, str, tuple[str, ...], str, int]
@@ -187,7 +185,7 @@ def dedupe(resolutions: Iterable[Resolution]) -> list[Resolution]:
 
 # -- reads ------------------------------------------------------------------------------------
 async def summaries(
-    store: Store, listed: Sequence[tuple[str, int]], *, now_ms: int
+    store: Pipelining, listed: Sequence[tuple[str, int]], *, now_ms: int
 ) -> list[KeySummary]:
     """Pending count and oldest wait of each ``(key, activity_ms)``, in one round trip."""
     if not listed:
@@ -204,7 +202,7 @@ async def summaries(
     ]
 
 
-async def key_view(store: Store, key: str, *, now_ms: int, limit: int = 1000) -> KeyView:
+async def key_view(store: Pipelining, key: str, *, now_ms: int, limit: int = 1000) -> KeyView:
     """A key's pending tasks, recent answers and resolutions, in one round trip."""
 
     def fill(pipe: Any) -> None:
@@ -229,7 +227,7 @@ async def key_view(store: Store, key: str, *, now_ms: int, limit: int = 1000) ->
     )
 
 
-async def task_view(store: Store, task_id: str, names: Sequence[str]) -> list[TaskUnderKey]:
+async def task_view(store: Pipelining, task_id: str, names: Sequence[str]) -> list[TaskUnderKey]:
     """Each of the keys ``names`` that knows ``task_id`` (as a task, or from an answer that
     listed it)."""
     if not names:

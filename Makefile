@@ -32,7 +32,7 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check coalescer tests
 	$(BIN)/ruff format --check coalescer tests
 	$(BIN)/mypy
-	$(BIN)/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
 
 bench: $(TEST_STAMP)
@@ -43,11 +43,11 @@ bench: $(TEST_STAMP)
 
 # The documentation site, built strictly: a broken link or anchor is an error.
 docs: $(TEST_STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 	@echo "open site/index.html"
 
 docs-serve: $(TEST_STAMP)
-	$(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8001
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8001
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from typing import Any
 
 HTTP_API = "<!-- generated: http-api -->"
@@ -38,9 +39,13 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 
 
 def _text(value: Any) -> str:
-    """A description as Markdown: reST's ````code```` becomes ```code```, one line for a cell."""
+    """A description as Markdown for a table cell: reST's ````code```` becomes ```code```, all
+    on one line, ``|`` escaped, and ``<`` ``>`` outside code shown as text, not read as HTML."""
     text = re.sub(r"``(.+?)``", r"`\1`", str(value or ""))
-    return " ".join(text.split()).replace("|", "\\|")
+    parts = " ".join(text.split()).replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
 
 
 def _slug(text: str) -> str:
@@ -200,17 +205,19 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
             continue
         if action.help == argparse.SUPPRESS:
             continue
-        names = ", ".join(action.option_strings) or action.metavar or action.dest
+        suffix = ""
         if action.option_strings and action.nargs != 0:
             metavar = action.metavar or (
                 "{" + ",".join(map(str, action.choices)) + "}"
                 if action.choices
                 else action.dest.upper()
             )
-            names += f" {metavar}"
+            suffix = f" {metavar}"
+        flags = action.option_strings or [str(action.metavar or action.dest)]
+        names = ", ".join(f"`{flag}{suffix}`" for flag in flags)
         default = action.default
         shown = "" if default in (None, False, argparse.SUPPRESS, []) else f"`{default}`"
-        rows.append(f"| `{names}` | {_text(_help(parser, action))} | {shown} |")
+        rows.append(f"| {names} | {_text(_help(parser, action))} | {shown} |")
     return rows
 
 
@@ -224,7 +231,9 @@ def render_cli(parser: argparse.ArgumentParser, depth: int = 2) -> str:
             out += [_text(help_[:1].upper() + help_[1:]) + ".", ""]
         if sub.description and sub.description != help_:
             out += [_text(sub.description), ""]
-        usage = sub.format_usage().removeprefix("usage: ").strip()
+        usage = textwrap.dedent(
+            " " * len("usage: ") + sub.format_usage().removeprefix("usage: ")
+        ).strip()
         out += ["```", usage, "```", ""]
         rows = _option_rows(sub)
         if rows:

@@ -68,7 +68,7 @@ def _type(schema: dict[str, Any]) -> str:
         return f"`{schema['const']!r}`".replace("''", '""')
     if "enum" in schema:
         return "one of " + ", ".join(f"`{v}`" for v in schema["enum"])
-    kind = schema.get("type", "any")
+    kind: str | list[str] = schema.get("type", "any")
     if isinstance(kind, list):
         kind = " or ".join(kind)
     if kind == "array" and "items" in schema:
@@ -224,7 +224,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
 def render_cli(parser: argparse.ArgumentParser, depth: int = 2) -> str:
     """Every subcommand of ``parser`` (recursively) with its usage and options."""
     out: list[str] = []
-    for name, sub, help_ in _subcommands(parser):
+    for _name, sub, help_ in _subcommands(parser):
         title = sub.prog
         out += [f"{'#' * depth} `{title}` {{#{_slug(title)}}}", ""]
         if help_:

@@ -35,7 +35,9 @@ def _sources() -> str:
 
 
 def _hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
+    spec = importlib.util.spec_from_file_location(
+        "mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -95,7 +97,7 @@ def test_the_cli_reference_has_every_command_and_option() -> None:
 
 @pytest.mark.parametrize(
     "page",
-    sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")) + ["../README.md"],
+    [*sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")), "../README.md"],
 )
 def test_no_page_names_documents_a_reader_does_not_have(page: str) -> None:
     text = (DOCS / page).read_text()

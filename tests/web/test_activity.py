@@ -124,7 +124,7 @@ async def test_the_task_page_has_a_breadcrumb_and_its_order_as_a_time(
     crumbs = re.search(r'<nav class="crumbs".*?</nav>', page, re.S)
     assert crumbs
     assert re.findall(r'href="(/[^"]*)"', crumbs[0]) == ["/", "/k"]
-    assert crumbs[0].endswith(f"› task {a}</nav>")
+    assert crumbs[0].endswith(f"\u203a task {a}</nav>")
     assert "scheduled 2030-01-01 00:00:00.000 UTC" in page
     assert "1893456000000.0" not in page.replace('title="1893456000000.0"', "")
 

@@ -57,6 +57,15 @@ class Column:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Dot:
+    """A point of a line with no neighbour to join (a polyline of one point draws nothing)."""
+
+    x: float
+    y: float
+    colour: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Plot:
     x_ticks: tuple[Tick, ...]
     y_ticks: tuple[Tick, ...]
@@ -64,6 +73,7 @@ class Plot:
     y_label: str
     lines: tuple[Line, ...] = ()
     columns: tuple[Column, ...] = ()
+    dots: tuple[Dot, ...] = ()
     colour: str = COLOURS[0]
     width: int = WIDTH
     height: int = HEIGHT
@@ -110,7 +120,12 @@ def _time_ticks(t0: int, t1: int, scale: float) -> tuple[Tick, ...]:
     span_min = (t1 - t0) / 60_000
     step = next((s for s in _TIME_STEPS if s * 6 >= span_min), _TIME_STEPS[-1]) * 60_000
     first = -(-t0 // step) * step
-    return tuple(Tick(LEFT + (at - t0) * scale, clock(at)) for at in range(first, t1 + 1, step))
+    room = WIDTH - RIGHT - 14  # a label centred further right would be cut off
+    return tuple(
+        Tick(LEFT + (at - t0) * scale, clock(at))
+        for at in range(first, t1 + 1, step)
+        if LEFT + (at - t0) * scale <= room
+    )
 
 
 def timeline(
@@ -136,7 +151,18 @@ def timeline(
     bottom = HEIGHT - BOTTOM
     lines: list[Line] = []
     columns: list[Column] = []
-    segment: list[str] = []
+    dots: list[Dot] = []
+    segment: list[tuple[float, float]] = []
+
+    def end_segment() -> None:
+        if len(segment) == 1:
+            dots.append(Dot(*segment[0], colour))
+        elif segment:
+            lines.append(
+                Line(series.name, colour, " ".join(f"{x:.1f},{y:.1f}" for x, y in segment))
+            )
+        segment.clear()
+
     for (at, _), value in zip(merged.points, values, strict=True):
         if bars:
             if value:
@@ -146,13 +172,10 @@ def timeline(
                 columns.append(Column(x, bottom - h, max(1.0, span * sx - 1), h, title))
             continue
         if value is None:
-            if segment:
-                lines.append(Line(series.name, colour, " ".join(segment)))
-            segment = []
-            continue
-        segment.append(f"{LEFT + (at + span / 2 - t0) * sx:.1f},{bottom - value * sy:.1f}")
-    if segment:
-        lines.append(Line(series.name, colour, " ".join(segment)))
+            end_segment()
+        else:
+            segment.append((LEFT + (at + span / 2 - t0) * sx, bottom - value * sy))
+    end_segment()
     return Plot(
         x_ticks=_time_ticks(t0, t1, sx),
         y_ticks=ticks(y_max, sy, bottom, ",g", -1),
@@ -160,6 +183,7 @@ def timeline(
         y_label=y_label,
         lines=tuple(lines),
         columns=tuple(columns),
+        dots=tuple(dots),
         colour=colour,
     )
 

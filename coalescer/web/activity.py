@@ -21,10 +21,12 @@ class Chart:
 
 
 def _span(ms: int) -> str:
-    minutes = ms // 60_000
-    if minutes < 120:
-        return f"{minutes} min" if minutes >= 1 else f"{ms // 1000} s"
-    return f"{minutes / 60:.3g} h"
+    """``90 s``, ``2.5 min``, ``24 h``."""
+    if ms < 120_000:
+        return f"{ms / 1000:.3g} s"
+    if ms < 7_200_000:
+        return f"{ms / 60_000:.3g} min"
+    return f"{ms / 3_600_000:.3g} h"
 
 
 def _duration(ms: float) -> tuple[float, str]:
@@ -51,7 +53,7 @@ def overview_charts(found: dict[str, Series], retention: Retention) -> list[Char
         Chart(
             history.PENDING,
             "Pending tasks",
-            f"now {latest:,.0f}" if latest is not None else "not sampled yet",
+            f"latest sample {latest:,.0f}" if latest is not None else "not sampled yet",
             "Over every key, as the background upkeep counts them (about every 15 s).",
             charts.timeline(pending, width, y_label="pending tasks", bars=False, colour=colours[0]),
         ),
@@ -99,7 +101,7 @@ def key_chart(found: dict[str, Series], retention: Retention) -> Chart:
     return Chart(
         history.PENDING,
         "Pending tasks",
-        f"now {latest:,.0f}" if latest is not None else "not sampled yet",
+        f"latest sample {latest:,.0f}" if latest is not None else "not sampled yet",
         f"As the background upkeep counts them, one point per {_span(keyed.bucket_ms)} "
         f"(the last {_span(keyed.span_ms)} at most).",
         charts.timeline(pending, keyed.bucket_ms, y_label="pending tasks", bars=False),

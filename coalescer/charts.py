@@ -98,8 +98,11 @@ def nice_top(value: float) -> float:
     return nice_step(value) * math.ceil(value / nice_step(value))
 
 
-def ticks(top: float, scale: float, origin: float, fmt: str, sign: int) -> tuple[Tick, ...]:
-    step = nice_step(top)
+def ticks(
+    top: float, scale: float, origin: float, fmt: str, sign: int, *, whole: bool = False
+) -> tuple[Tick, ...]:
+    """Ticks along an axis of ``top`` units; ``whole``: at whole numbers only (counts)."""
+    step = max(1.0, nice_step(top)) if whole else nice_step(top)
     count = int(top / step + 1e-9)
     return tuple(
         Tick(origin + sign * i * step * scale, format(i * step, fmt)) for i in range(count + 1)
@@ -178,7 +181,7 @@ def timeline(
     end_segment()
     return Plot(
         x_ticks=_time_ticks(t0, t1, sx),
-        y_ticks=ticks(y_max, sy, bottom, ",g", -1),
+        y_ticks=ticks(y_max, sy, bottom, ",g", -1, whole=scale == 1.0),
         x_label=f"time (UTC), {_per(span)}" if bars else "time (UTC)",
         y_label=y_label,
         lines=tuple(lines),

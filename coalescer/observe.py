@@ -181,9 +181,9 @@ class Observer:
         fresh = batch[self._counted :]
         for reason, n in collections.Counter(a[3] for a in fresh).items():
             QUERIES.labels(reason).inc(n)
-        for _key, _initial, answer, _reason, at_ms in fresh:
+        for _key, _initial, answer, _reason, _at in fresh:
             LIST_SIZE.observe(len(answer))
-            self.history.add(history.ANSWERS, at_ms)
+        self.history.add_each(history.ANSWERS, (a[4] for a in fresh))
         self._counted = len(batch)
         buckets = self.history.take()
         try:

@@ -149,7 +149,8 @@ class Sampler:
     """Which gauge samples are worth writing: those that changed since the last one written,
     or were last written :data:`CARRY` buckets ago or more (so that idle keys cost nothing).
 
-    Remembers the keys of the last round only (:meth:`due` then :meth:`done` each round)."""
+    Remembers the keys of the last round only (:meth:`due`, :meth:`wrote` then :meth:`done`
+    each round); a sample whose write failed is due again."""
 
     def __init__(self, retention: Retention) -> None:
         self.retention = retention
@@ -157,6 +158,7 @@ class Sampler:
         self._seen: set[str] = set()
 
     def due(self, samples: Iterable[tuple[str, int]], now_ms: int) -> list[tuple[str, int]]:
+        """The ``samples`` to write (:meth:`wrote` once they are written)."""
         start = self.retention.start(now_ms)
         horizon = CARRY * self.retention.bucket_ms
         out = []
@@ -165,8 +167,12 @@ class Sampler:
             last = self._written.get(key)
             if last is None or last[0] != value or start - last[1] >= horizon:
                 out.append((key, value))
-                self._written[key] = (value, start)
         return out
+
+    def wrote(self, samples: Iterable[tuple[str, int]], now_ms: int) -> None:
+        start = self.retention.start(now_ms)
+        for key, value in samples:
+            self._written[key] = (value, start)
 
     def done(self) -> None:
         """The end of a round: forget the keys it did not see (forgotten keys)."""

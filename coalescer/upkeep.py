@@ -73,6 +73,8 @@ async def count(
                 await stored_history.sample_pending(
                     store, retention, now_ms=started, per_key=samples
                 )
+                if sampler is not None:
+                    sampler.wrote(samples, started)
         if at == 0:
             break
         _stop_if_cancelled()

@@ -80,14 +80,22 @@ def test_durations_are_bounded_per_key_and_in_keys() -> None:
 
 def test_a_sampler_writes_what_changed_or_has_not_been_written_for_a_while() -> None:
     s = Sampler(RETENTION)
-    assert s.due([("a", 1), ("b", 0)], NOW) == [("a", 1), ("b", 0)]
-    assert s.due([("a", 1), ("b", 2)], NOW + MINUTE) == [("b", 2)]
+
+    def round_(samples: list[tuple[str, int]], at: int) -> list[tuple[str, int]]:
+        due = s.due(samples, at)
+        s.wrote(due, at)
+        return due
+
+    assert round_([("a", 1), ("b", 0)], NOW) == [("a", 1), ("b", 0)]
+    assert round_([("a", 1), ("b", 2)], NOW + MINUTE) == [("b", 2)]
     s.done()
     later = NOW + history.CARRY * MINUTE
-    assert s.due([("a", 1), ("b", 2)], later) == [("a", 1)]
+    assert round_([("a", 1), ("b", 2)], later) == [("a", 1)]
     s.done()
     s.done()  # a round that saw neither: both forgotten, written again when seen
-    assert s.due([("a", 1)], later) == [("a", 1)]
+    assert round_([("a", 1)], later) == [("a", 1)]
+    assert s.due([("a", 3)], later) == [("a", 3)]  # its write failed (not reported written):
+    assert s.due([("a", 3)], later) == [("a", 3)]  # still due
 
 
 def test_decoding_fills_every_bucket_and_carries_gauges_forward() -> None:

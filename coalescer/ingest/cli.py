@@ -212,7 +212,7 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
         consumer = Consumer(
             settings,
             store,
-            Observer(store),
+            Observer(store, retention=settings.retention),
             queue=args.queue,
             declare_exchanges=args.declare_exchanges,
             batch_size=args.batch,

@@ -26,9 +26,9 @@ from coalescer.emulator import artifacts, credentials
 from coalescer.emulator import messages as msg
 from coalescer.emulator.clock import parse_time
 from coalescer.emulator.definition import normalize
-from coalescer.emulator.groups import TaskGroups
 from coalescer.emulator.messages import Message
 from coalescer.emulator.model import RESOLVED, QueueError, Run, Task
+from coalescer.emulator.registry import TaskGroups
 
 Outcome = tuple[Any, list[Message]]
 

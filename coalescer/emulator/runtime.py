@@ -42,7 +42,8 @@ class EmulatorOptions:
     #: seconds after its deadline at which an unresolved task is resolved deadline-exceeded
     #: (the real queue's ``deadlineDelay``)
     deadline_delay: float = 60.0
-    #: seconds between background checks for expired claims, deadlines and tasks
+    #: seconds between background passes: expired claims, deadlines and tasks, then the
+    #: dependency resolver (dependents scheduled, ``task-group-resolved``)
     tick_interval: float = 1.0
     #: serve ``POST /emulator/v1/clock`` so that HTTP clients can move time forward
     controllable_clock: bool = False

@@ -66,6 +66,10 @@ class ClipLong(logging.Filter):
     """Clips long string arguments and ``extra`` fields of every record (see :func:`clip`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # A record goes through every handler's filters: clip it once, not a clipped value again.
+        if getattr(record, "coalescer_clipped", False):
+            return True
+        record.coalescer_clipped = True
         if isinstance(record.args, tuple) and any(
             isinstance(a, str) and len(a) > MAX_VALUE for a in record.args
         ):

@@ -100,6 +100,15 @@ async def test_long_paths_and_queries_are_clipped_in_log_lines(
     assert str(line["query"]).endswith(f"…(+{len('age=') + 3000 - kept} chars)")
 
 
+def test_a_record_is_clipped_once_whatever_the_number_of_handlers() -> None:
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "%s", ("a" * 300,), None)
+    record.path = "p" * 300
+    for _ in range(2):
+        assert logs.ClipLong().filter(record)
+    assert record.getMessage() == "a" * logs.MAX_VALUE + f"…(+{300 - logs.MAX_VALUE} chars)"
+    assert record.path == "p" * logs.MAX_VALUE + f"…(+{300 - logs.MAX_VALUE} chars)"
+
+
 def test_clip_keeps_short_values_whole() -> None:
     assert logs.clip("short") == "short"
     assert logs.clip("x" * 10, limit=4) == "xxxx…(+6 chars)"

@@ -127,6 +127,10 @@ def test_policy_check_names_the_file_it_was_given(
     assert capsys.readouterr().err == f"coalescer: policy file {missing!r} not found\n"
     path = tmp_path / "p.yaml"
     path.write_text(YAML)
+    binary = tmp_path / "p.bin"
+    binary.write_bytes(b"rules: [\xff]")
+    assert main(["policy", "check", str(binary)]) == 2
+    assert f"policy file {str(binary)!r} cannot be read: 'utf-8' codec" in capsys.readouterr().err
     assert main(["policy", "check", str(path), "--key", "a b"]) == 1
     captured = capsys.readouterr()
     assert "malformed coalescing key 'a b'" in captured.err

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from coalescer import keyset
 from coalescer.settings import Settings
 from coalescer.store import Store
 from coalescer.web.app import create_app
@@ -190,6 +191,17 @@ async def test_stats_show_every_counter_even_before_any_event(client: httpx.Asyn
         "index_counted_at": stats["index_counted_at"],
     }
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stats["index_counted_at"])
+
+
+async def test_stats_say_null_for_the_totals_of_an_index_not_yet_counted(
+    client: httpx.AsyncClient, message: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await post(client, message(ids(1)[0]))
+    monkeypatch.setattr(keyset, "COUNT_INLINE", 0)  # a "large" index: counted by upkeep only
+    stats = (await client.get("/v1/stats")).json()
+    assert (stats["keys"], stats["events_applied"]) == ("1", "1")
+    assert stats["pending_count"] is None and stats["coalesced_lists"] is None
+    assert stats["index_counted_at"] is None
 
 
 # -- ingest -----------------------------------------------------------------------------------

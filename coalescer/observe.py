@@ -77,6 +77,8 @@ STAT_NAMES = {
     "invalid": "events_invalid",
     "dead-lettered": "events_dead_lettered",
 }
+#: Every shared counter ``/v1/stats`` shows (``0`` until counted), tc-coalesce's first.
+STAT_COUNTERS = ("total_msgs_handled", *STAT_NAMES.values())
 #: The queue's task exchanges by short name; anything else counts as ``other``, so that a
 #: client cannot grow the metrics' label sets.
 EXCHANGES = frozenset(

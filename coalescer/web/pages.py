@@ -51,10 +51,12 @@ def _span(seconds: int) -> str:
     return f"{seconds // 86400}d {seconds % 86400 // 3600:02d}h"
 
 
-def ago(ms: int | float | None, now_ms: float | None = None) -> str:
-    """``1h 02m``-style time since a millisecond timestamp."""
+def ago(ms: int | float | str | None, now_ms: float | None = None) -> str:
+    """``1h 02m``-style time since a millisecond timestamp or an API date-time string."""
     if ms is None:
         return "—"
+    if isinstance(ms, str):
+        ms = model.parse_time_ms(ms)
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     return _span(max(0, int((now_ms - ms) / 1000)))
 
@@ -87,12 +89,6 @@ def order_text(order: float, rank_tag: str | None = None) -> str:
     return (
         "scheduled " + when.strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d} UTC"
     )
-
-
-def iso(ms: int | float | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 _ENV.filters.update(ago=ago, until=until, utc=utc, order=order_text)
@@ -183,9 +179,11 @@ async def overview(request: Request) -> Response:
                 "keys": [
                     {
                         "key": r.key,
-                        "activity_ms": r.activity_ms,
+                        "lastActivity": model.format_time_ms(r.activity_ms),
                         "pending": r.pending,
-                        "oldest_pending_ms": r.oldest_since_ms,
+                        "oldestPendingSince": None
+                        if r.oldest_since_ms is None
+                        else model.format_time_ms(r.oldest_since_ms),
                     }
                     for r in rows
                 ],
@@ -229,8 +227,8 @@ def explain(task_id: str, under: views.TaskUnderKey) -> dict[str, Any]:
             state=record.state,
             reason=record.reason or None,
             order=record.order,
-            deadline=iso(record.deadline_ms),
-            pendingSince=iso(record.since_ms),
+            deadline=model.format_time_ms(record.deadline_ms),
+            pendingSince=model.format_time_ms(record.since_ms),
         )
     doc["listing"] = None
     doc["supersededBy"] = None
@@ -238,7 +236,7 @@ def explain(task_id: str, under: views.TaskUnderKey) -> dict[str, Any]:
     if listing is None:
         return doc
     doc["listing"] = {
-        "at": iso(listing.at_ms),
+        "at": model.format_time_ms(listing.at_ms),
         "initial": listing.initial,
         "reason": listing.reason,
         "position": listing.position,

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
 
-.PHONY: run test demo bench clean
+.PHONY: run test test-taskcluster demo bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
@@ -28,10 +28,16 @@ demo: $(STAMP)
 	$(BIN)/coalescer demo
 
 test: $(TEST_STAMP)
-	$(BIN)/ruff check coalescer tests
-	$(BIN)/ruff format --check coalescer tests
+	$(BIN)/ruff check coalescer tests tests_taskcluster
+	$(BIN)/ruff format --check coalescer tests tests_taskcluster
 	$(BIN)/mypy
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
+
+# Opt-in: the real-systems scenarios against a real Taskcluster deployment named by the
+# environment (docs/how-to/real-taskcluster.md). `make test` never collects them.
+test-taskcluster: $(TEST_STAMP)
+	@$(BIN)/python -m tests_taskcluster.environment
+	$(BIN)/pytest -q -p no:cacheprovider --timeout 300 tests_taskcluster
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'

@@ -62,9 +62,9 @@ async def run(deployment: Deployment) -> AsyncIterator[Run]:
             with contextlib.suppress(aio_pika.exceptions.ChannelClosed):
                 await channel.queue_delete(queue)
         channel = await connection.channel()
-        dead = "exchange/" + this.pulse_queue.removeprefix("queue/") + "/dead"
+        dead_exchange = "exchange/" + this.pulse_queue.removeprefix("queue/") + "/dead"
         with contextlib.suppress(aio_pika.exceptions.ChannelClosed):
-            await channel.exchange_delete(dead)
+            await channel.exchange_delete(dead_exchange)
 
 
 @pytest.fixture
@@ -75,8 +75,19 @@ def queue(deployment: Deployment, run: Run) -> Iterator[RealQueue]:
 
 
 @pytest.fixture
-def loop(deployment: Deployment, run: Run, redis_url: str, tmp_path: Path) -> Iterator[Loop]:
+async def loop(
+    deployment: Deployment, run: Run, redis_url: str, tmp_path: Path
+) -> AsyncIterator[Loop]:
+    """The product's processes; at the end each must stop cleanly, and the consumer (when one
+    ran) must have set none of the real queue's messages aside."""
     processes = Loop(deployment, run, redis_url, tmp_path)
     yield processes
     failed = list(processes.stop())
     assert not failed, "\n".join(failed)
+    if processes.listened:
+        connection = await aio_pika.connect(deployment.pulse_url)
+        async with connection:
+            channel = await connection.channel()
+            dead = await channel.declare_queue(run.pulse_queue + "/dead", passive=True)
+            count = dead.declaration_result.message_count
+        assert count == 0, f"the consumer set {count} of the queue's messages aside"

@@ -174,21 +174,25 @@ class Loop:
         self.logs = logs
         self.procs = Processes(base, logs)
         self.service = ""
+        self.listened = False
 
-    async def start_service(self) -> str:
+    async def start_service(self, *, listen: bool = True) -> str:
         """``coalescer listen`` (bound before any task is created) and ``coalescer serve``;
         returns the service's URL once both are ready."""
         from tests.ports import free_port
 
         port = free_port()
-        self.procs.start("listen", "listen")
+        if listen:
+            self.procs.start("listen", "listen")
+            self.listened = True
         self.procs.start("serve", "serve", "--port", str(port))
         self.service = f"http://127.0.0.1:{port}"
         await self.eventually(self._serving, "coalescer serve to answer")
-        await self.eventually(
-            lambda: _now("consuming queue/" in self.procs.output("listen")),
-            "coalescer listen to consume",
-        )
+        if listen:
+            await self.eventually(
+                lambda: _now("consuming queue/" in self.procs.output("listen")),
+                "coalescer listen to consume",
+            )
         return self.service
 
     async def _serving(self) -> bool:

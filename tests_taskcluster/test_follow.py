@@ -3,6 +3,7 @@ Redis → ``coalescer serve``)."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from tests_taskcluster.support import Loop, RealQueue
@@ -38,3 +39,17 @@ async def test_the_key_shows_pending_tasks_in_order_and_resolved_ones_leave(
     worker.reportException(ids[3], 0, {"reason": "worker-shutdown"})
     await loop.eventually(lambda: pending_are(ids[3:]), "the retried task pending again")
     assert queue.status(ids[3])["runs"][-1]["runId"] == 1
+
+
+async def test_a_task_the_index_does_not_know_is_learned_from_the_queue(
+    loop: Loop, queue: RealQueue
+) -> None:
+    await loop.start_service(listen=False)  # no events at all: every answer is learned
+    ids = [queue.create("learn") for _ in range(3)]
+    assert await loop.supersedes("learn", ids[0]) == ids[:1]
+    # Each learned task takes its place by its scheduled time on the queue.
+    assert await loop.supersedes("learn", ids[2]) == [ids[0], ids[2]]
+    assert await loop.supersedes("learn", ids[1]) == ids
+    async with httpx.AsyncClient(timeout=10) as http:
+        metrics = (await http.get(f"{loop.service}/metrics")).text
+    assert 'coalescer_learn_total{outcome="learned"} 3.0' in metrics

@@ -79,12 +79,18 @@ class RealQueue:
         return taskcluster.aio.Queue(self.options(credentials))
 
     def create(
-        self, key: str, *, superseder: str | None = None, command: str = "true", **task: Any
+        self,
+        key: str,
+        *,
+        superseder: str | None = None,
+        command: str = "true",
+        max_run_time: int = 60,
+        **task: Any,
     ) -> str:
         """A task of the run's task queue under ``key``; with ``superseder``, its
         ``supersederUrl``. Returns its taskId."""
         task_id = taskcluster.slugid.nice()
-        payload: dict[str, Any] = {"command": ["sh", "-c", command], "maxRunTime": 60}
+        payload: dict[str, Any] = {"command": ["sh", "-c", command], "maxRunTime": max_run_time}
         if superseder is not None:
             payload["supersederUrl"] = superseder
         definition = {

@@ -37,7 +37,7 @@ test: $(TEST_STAMP)
 # environment (docs/how-to/real-taskcluster.md). `make test` never collects them.
 test-taskcluster: $(TEST_STAMP)
 	@$(BIN)/python -m tests_taskcluster.environment
-	$(BIN)/pytest -q -p no:cacheprovider --timeout 300 tests_taskcluster
+	$(BIN)/pytest -q -p no:cacheprovider --timeout 300 --durations=0 tests_taskcluster
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'

@@ -89,7 +89,7 @@ class RealQueue:
     ) -> str:
         """A task of the run's task queue under ``key``; with ``superseder``, its
         ``supersederUrl``. Returns its taskId."""
-        task_id = taskcluster.slugid.nice()
+        task_id: str = taskcluster.slugid.nice()
         payload: dict[str, Any] = {"command": ["sh", "-c", command], "maxRunTime": max_run_time}
         if superseder is not None:
             payload["supersederUrl"] = superseder

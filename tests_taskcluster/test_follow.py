@@ -3,10 +3,13 @@ Redis → ``coalescer serve``)."""
 
 from __future__ import annotations
 
+import datetime
+
 import httpx
 import pytest
+import taskcluster
 
-from tests_taskcluster.support import Loop, RealQueue
+from tests_taskcluster.support import Loop, RealQueue, in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -53,3 +56,39 @@ async def test_a_task_the_index_does_not_know_is_learned_from_the_queue(
     async with httpx.AsyncClient(timeout=10) as http:
         metrics = (await http.get(f"{loop.service}/metrics")).text
     assert 'coalescer_learn_total{outcome="learned"} 3.0' in metrics
+
+
+async def test_tasks_past_their_deadline_leave_the_key(loop: Loop, queue: RealQueue) -> None:
+    """The index stops offering a task at its deadline, before the queue's deadline resolver
+    (60-80 s later) publishes its ``deadline-exceeded`` exception; that message, and the one
+    of a task that never ran, are applied (none is set aside)."""
+    await loop.start_service()
+    deadline = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=20)
+    short = {"deadline": taskcluster.stringDate(deadline)}
+    expiring = queue.create("deadline", **short)
+    # Never scheduled: it waits for the first, which never completes.
+    waiting = queue.create("deadline", dependencies=[expiring], **short)
+    kept = queue.create("deadline")
+    await loop.eventually(
+        lambda: _pending_are(loop, "deadline", [expiring, kept]), "the two pending tasks"
+    )
+    await loop.eventually(
+        lambda: _pending_are(loop, "deadline", [kept]), "the expired task to leave", within=40
+    )
+    assert queue.state(expiring) == "pending"  # the queue has not resolved it yet
+
+    def resolved() -> bool:
+        return all(queue.state(t) == "exception" for t in (expiring, waiting))
+
+    await loop.eventually(lambda: in_thread(resolved), "the deadline resolver", within=150)
+    for task_id in (expiring, waiting):
+        assert queue.last_run(task_id)["reasonResolved"] == "deadline-exceeded"
+    # The index already holds what the queue says: reconcile finds nothing to fix.
+    done = loop.command("reconcile")
+    assert done.returncode == 0, done.stderr
+    assert " 0 fixed," in done.stdout and " 0 failed" in done.stdout, done.stdout
+    assert await loop.pending("deadline") == [kept]
+
+
+async def _pending_are(loop: Loop, key: str, expected: list[str]) -> bool:
+    return await loop.pending(key) == expected

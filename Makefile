@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
 
-.PHONY: run test demo bench docs docs-serve clean
+.PHONY: run test test-taskcluster demo bench docs docs-serve clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
@@ -29,11 +29,17 @@ demo: $(STAMP)
 	$(BIN)/coalescer demo
 
 test: $(TEST_STAMP)
-	$(BIN)/ruff check coalescer tests
-	$(BIN)/ruff format --check coalescer tests
+	$(BIN)/ruff check coalescer tests tests_taskcluster
+	$(BIN)/ruff format --check coalescer tests tests_taskcluster
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
+
+# Opt-in: the real-systems scenarios against a real Taskcluster deployment named by the
+# environment (docs/how-to/real-taskcluster.md). `make test` never collects them.
+test-taskcluster: $(TEST_STAMP)
+	@$(BIN)/python -m tests_taskcluster.environment
+	$(BIN)/pytest -q -p no:cacheprovider --timeout 300 --durations=0 tests_taskcluster
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'

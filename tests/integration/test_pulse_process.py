@@ -173,6 +173,8 @@ async def test_sigkill_between_write_and_ack_loses_nothing_and_the_redelivery_ch
     processes.append(listen)
     await listen.started()
     await eventually(lambda: _equal(pending_count(store), len(tasks)), what="every event applied")
+    # The counters are written after the batch is acknowledged: they follow the index closely.
+    await eventually(lambda: _equal(counted(store), len(tasks)), what="every event counted")
     stats = await store.stats()
     assert (int(stats["events_stale"]), int(stats["events_applied"])) == (
         written,
@@ -182,6 +184,11 @@ async def test_sigkill_between_write_and_ack_loses_nothing_and_the_redelivery_ch
     assert {t: after[t] for t in before} == before  # the redelivered writes changed nothing
     listen.proc.send_signal(signal.SIGTERM)
     assert await listen.exited() == 0
+
+
+async def counted(store: Store) -> int:
+    stats = await store.stats()
+    return int(stats["events_stale"]) + int(stats["events_applied"])
 
 
 async def _equal(got: Awaitable[int], expected: int) -> bool:

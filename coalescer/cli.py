@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("coalescer")
 #: More web processes than this is a typo, not a machine.
 MAX_WORKERS = 256
+#: How ``serve --workers`` tells its worker processes its pid (see _end_with_serve).
+_SERVE_PID = "COALESCER_SERVE_PID"
+_PR_SET_PDEATHSIG = 1
 
 #: Modules that add their own subcommands with ``register(subparsers)``.
 PLUGINS = (
@@ -61,6 +65,7 @@ def worker_app() -> Starlette:
     from coalescer import logs
     from coalescer.web.app import create_app
 
+    _end_with_serve(int(os.environ.get(_SERVE_PID, "0")))
     settings = Settings.from_environ()
     logs.setup(settings.log_level, settings.log_json)
     return create_app(settings)
@@ -90,6 +95,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         if workers == 1:
             serve(create_app(settings), sock=sock, max_header_bytes=settings.max_header_bytes)
         else:
+            os.environ[_SERVE_PID] = str(os.getpid())
             with _metrics_dir():
                 serve(
                     f"{__name__}:worker_app",
@@ -100,6 +106,18 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         sock.close()
     return 0
+
+
+def _end_with_serve(serve_pid: int) -> None:
+    """Have this worker process told to stop (SIGTERM) when ``serve`` ends, even killed
+    outright (SIGKILL, when it cannot stop its workers): Linux's parent-death signal. A
+    worker whose ``serve`` is already gone stops at once."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if serve_pid and os.getppid() != serve_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @contextlib.contextmanager

@@ -219,3 +219,23 @@ def test_workers_share_the_port_and_metrics_add_up_over_every_process(
     assert s.stop(signal.SIGTERM) == 0
     assert "received SIGTERM: shutting down the worker processes" in s.text()
     assert not metrics_dir.exists()
+
+
+def test_workers_stop_when_serve_is_killed_outright(
+    serving: list[Serving], tmp_path: Path, redis_client: Any, redis_url: str
+) -> None:
+    serving.append(s := Serving(tmp_path / "serve.log", "--workers", "2", REDIS_URL=redis_url))
+    workers = s.workers()
+    assert len(workers) == 2
+    s.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while alive := [pid for pid in workers if Path(f"/proc/{pid}").exists() and not zombie(pid)]:
+        assert time.monotonic() < deadline, f"workers {alive} outlived serve"
+        time.sleep(0.1)
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (FileNotFoundError, ProcessLookupError):
+        return False

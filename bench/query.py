@@ -27,20 +27,23 @@ from serving import (
     ROOT,
     ROUNDS,
     SECONDS,
+    Run,
     alternate,
     bare,
     check_mix,
+    cpu_of,
     free_port,
     load,
     mix_events,
     mix_ids,
     mix_paths,
     process,
+    redis_cpu,
     rotation_script,
     scratch,
     service,
     write,
-    wrk,
+    wrk_run,
 )
 
 REDIS_URL = os.environ.get("COALESCER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -77,8 +80,16 @@ def main() -> int:
     base = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     have_tc = shutil.which("gunicorn", path=str(BIN)) is not None
     try:
-        with scratch() as tmp, bare(ports["bare"]), service(ports["coalescer"], REDIS_URL):
+        with (
+            scratch() as tmp,
+            bare(ports["bare"]) as bare_proc,
+            service(ports["coalescer"], REDIS_URL) as service_proc,
+        ):
             script = rotation_script(paths, Path(tmp))
+            cpu = {
+                "bare": cpu_of(bare_proc.pid),
+                "coalescer": cpu_of(service_proc.pid, redis_cpu(REDIS_URL)),
+            }
             check_mix(base["coalescer"], paths, every=7)
             print(
                 f"superseding query, requests/s: median of {ROUNDS} alternating rounds of "
@@ -92,18 +103,22 @@ def main() -> int:
             )
             mix = alternate(
                 {
-                    "coalescer": lambda: wrk(base["coalescer"], script=script),
-                    "bare": lambda: wrk(base["bare"], script=script),
+                    "coalescer": lambda: wrk_run(
+                        base["coalescer"], script=script, cpu=cpu["coalescer"]
+                    ),
+                    "bare": lambda: wrk_run(base["bare"], script=script, cpu=cpu["bare"]),
                 }
             )
             print("\none URL (one key, one taskId), 32-id answer", flush=True)
             one = alternate(
                 {
-                    "coalescer": lambda: wrk(base["coalescer"], path=single),
-                    "bare": lambda: wrk(base["bare"], path=single),
+                    "coalescer": lambda: wrk_run(
+                        base["coalescer"], path=single, cpu=cpu["coalescer"]
+                    ),
+                    "bare": lambda: wrk_run(base["bare"], path=single, cpu=cpu["bare"]),
                 }
             )
-            tc: dict[str, float] = {}
+            tc: dict[str, Run] = {}
             if have_tc:
                 env = {**os.environ, "REDIS_URL": REDIS_URL}
                 with process(
@@ -120,37 +135,52 @@ def main() -> int:
                     env,
                     cwd=ROOT / "bench",
                     ready=f"{base['tc-coalesce']}/v1/list/0/0/bench.k7",
-                ):
+                ) as tc_proc:
+                    cpu["tc-coalesce"] = cpu_of(tc_proc.pid, redis_cpu(REDIS_URL))
                     print("\ntc-coalesce's route on one URL: the model and the compat route")
                     tc = alternate(
                         {
-                            "compat route": lambda: wrk(
-                                base["coalescer"], path="/v1/list/0/0/bench.k7"
+                            "compat route": lambda: wrk_run(
+                                base["coalescer"],
+                                path="/v1/list/0/0/bench.k7",
+                                cpu=cpu["coalescer"],
                             ),
-                            "tc-coalesce": lambda: wrk(
-                                base["tc-coalesce"], path="/v1/list/0/0/bench.k7"
+                            "tc-coalesce": lambda: wrk_run(
+                                base["tc-coalesce"],
+                                path="/v1/list/0/0/bench.k7",
+                                cpu=cpu["tc-coalesce"],
                             ),
                         }
                     )
     finally:
         client.flushdb()
         client.close()
-    print(f"\nsummary (medians, requests/s; {load()}):")
-    print(f"  {'':28} {'coalescer':>10} {'bare':>10} {'ratio':>7}")
+    print(f"\nsummary (medians; {load()}):")
+    print(
+        f"  {'':28} {'coalescer':>10} {'bare':>10} {'ratio':>7}   CPU us/request: "
+        f"{'coalescer':>9} {'bare':>6} {'bare/coalescer':>14}"
+    )
     for name, m in (("rotating mix", mix), ("one URL", one)):
+        c, b = m["coalescer"], m["bare"]
         print(
-            f"  {name:28} {m['coalescer']:10.0f} {m['bare']:10.0f} "
-            f"{m['coalescer'] / m['bare']:6.2f}x"
-            + (f"  (target >= {TARGET})" if name == "rotating mix" else "")
+            f"  {name:28} {c.rps:10.0f} {b.rps:10.0f} {c.rps / b.rps:6.2f}x   {'':16}"
+            f"{c.cpu_us:9.0f} {b.cpu_us:6.0f} {b.cpu_us / c.cpu_us:13.2f}x"
+            + (f"  (target >= {TARGET} in requests/s)" if name == "rotating mix" else "")
         )
     if tc:
+        c, t = tc["compat route"], tc["tc-coalesce"]
         print(
-            f"  {'tc-coalesce route, one URL':28} {tc['compat route']:10.0f} "
-            f"{tc['tc-coalesce']:10.0f} {tc['compat route'] / tc['tc-coalesce']:6.1f}x"
-            "  (against the tc-coalesce model, Flask on one gunicorn worker)"
+            f"  {'tc-coalesce route, one URL':28} {c.rps:10.0f} {t.rps:10.0f} "
+            f"{c.rps / t.rps:6.1f}x   {'':16}{c.cpu_us:9.0f} {t.cpu_us:6.0f}"
+            f" {t.cpu_us / c.cpu_us:13.1f}x  (the second column: the tc-coalesce model, Flask "
+            "on one gunicorn worker)"
         )
     else:
         print("  (tc-coalesce model skipped: pip install '.[bench]' for flask and gunicorn)")
+    print(
+        "  CPU us/request: CPU time of the server's processes (and Redis's, for coalescer and "
+        "tc-coalesce) over a run, per request answered"
+    )
     return 0
 
 

@@ -30,18 +30,22 @@ sys.path.insert(0, str(ROOT))
 from serving import (  # noqa: E402
     CONNECTIONS,
     SECONDS,
+    Run,
     check_mix,
+    cpu_of,
     free_port,
     load,
     mix_events,
     mix_ids,
     mix_paths,
+    redis_cpu,
     rotation_script,
     scratch,
     service,
     slug,
     write,
     wrk,
+    wrk_run,
 )
 
 from coalescer.model import TaskEvent  # noqa: E402
@@ -67,7 +71,7 @@ def filler(start: int, stop: int, now_ms: int) -> Iterator[TaskEvent]:
 
 def main() -> int:
     started = time.monotonic()
-    results: list[tuple[int, float, float]] = []
+    results: list[tuple[int, Run, float]] = []
     with redis_server() as server, scratch() as tmp:
         used = lambda: int(server.client.info("memory")["used_memory"])  # noqa: E731
         empty = used()
@@ -85,7 +89,8 @@ def main() -> int:
             f"rest in keys of {FILLER_PER_KEY}; a private redis-server",
             flush=True,
         )
-        with service(port, server.url):
+        with service(port, server.url) as proc:
+            cpu = cpu_of(proc.pid, redis_cpu(server.url))
             check_mix(base, paths)
             for size in SIZES:
                 if size > tracked:
@@ -109,20 +114,29 @@ def main() -> int:
                 assert server.client.dbsize() > 0
                 memory = (used() - empty) / tracked
                 wrk(base, script=script, seconds=1)  # warm-up: connections, caches
-                runs = [wrk(base, script=script) for _ in range(RUNS)]
-                rps = statistics.median(runs)
-                results.append((size, rps, memory))
+                runs = [wrk_run(base, script=script, cpu=cpu) for _ in range(RUNS)]
+                run = Run(
+                    statistics.median(r.rps for r in runs),
+                    statistics.median(r.cpu_us for r in runs),
+                )
+                results.append((size, run, memory))
                 print(
-                    f"  {size:>9,} tracked: {rps:7.0f} requests/s "
-                    f"(runs {', '.join(f'{r:.0f}' for r in runs)}; {load()})",
+                    f"  {size:>9,} tracked: {run.rps:7.0f} requests/s, {run.cpu_us:.0f} us CPU "
+                    f"per request (runs {', '.join(f'{r.rps:.0f}' for r in runs)}; {load()})",
                     flush=True,
                 )
             check_mix(base, paths, every=10)
-    base_rps = results[0][1]
+    first = results[0][1]
     print(f"\nsummary (medians; {load()}):")
-    print(f"  {'tracked tasks':>14} {'requests/s':>11} {'vs 1k':>7} {'Redis B/task':>13}")
-    for size, rps, memory in results:
-        print(f"  {size:>14,} {rps:11.0f} {rps / base_rps:6.2f}x {memory:13.0f}")
+    print(
+        f"  {'tracked tasks':>14} {'requests/s':>11} {'vs 1k':>7} "
+        f"{'CPU us/request':>15} {'vs 1k':>7} {'Redis B/task':>13}"
+    )
+    for size, run, memory in results:
+        print(
+            f"  {size:>14,} {run.rps:11.0f} {run.rps / first.rps:6.2f}x {run.cpu_us:15.0f} "
+            f"{run.cpu_us / first.cpu_us:6.2f}x {memory:13.0f}"
+        )
     print(
         f"  Redis bytes per tracked task at {SIZES[-1]:,}: {results[-1][2]:.0f} "
         f"(target <= {TARGET_BYTES}; the answers logged for the pages included)"

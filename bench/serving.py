@@ -21,8 +21,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
+import redis
 
 from coalescer.model import TaskEvent
 from coalescer.store import open_store
@@ -139,18 +141,72 @@ def rotation_script(paths: Sequence[str], directory: Path) -> Path:
     return script
 
 
-def wrk(base: str, *, script: Path | None = None, path: str = "", seconds: int = SECONDS) -> float:
-    """Requests per second wrk reached against ``base`` (rotating over ``script``'s paths, or
-    asking ``path``); any non-2xx answer or socket error stops the benchmark."""
+class Run(NamedTuple):
+    """One wrk run: requests per second, and CPU time spent per request (microseconds) by the
+    processes serving it, Redis included: the machine's load moves the first much more than the
+    second."""
+
+    rps: float
+    cpu_us: float
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` and its descendants (the living ones)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(") ", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def redis_cpu(url: str) -> Callable[[], float]:
+    """CPU seconds used so far by the Redis at ``url`` (INFO cpu)."""
+    client = redis.Redis.from_url(url)
+
+    def used() -> float:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    return used
+
+
+def cpu_of(pid: int, *more: Callable[[], float]) -> Callable[[], float]:
+    return lambda: tree_cpu(pid) + sum(m() for m in more)
+
+
+def wrk_run(
+    base: str,
+    *,
+    script: Path | None = None,
+    path: str = "",
+    seconds: int = SECONDS,
+    cpu: Callable[[], float] | None = None,
+) -> Run:
+    """wrk against ``base`` (rotating over ``script``'s paths, or asking ``path``), with the CPU
+    time ``cpu`` counts over the run; any non-2xx answer or socket error stops the benchmark."""
     argv = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s"]
     if script is not None:
         argv += ["-s", str(script)]
+    before = cpu() if cpu is not None else 0.0
     out = subprocess.run([*argv, base + path], capture_output=True, text=True, check=True).stdout
+    spent = (cpu() - before) if cpu is not None else float("nan")
     if re.search(
         r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*(?:read|write|timeout) [1-9]", out
     ):
         raise SystemExit(f"{base} answered errors:\n{out}")
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    return Run(rps, spent / max(requests, 1) * 1e6)
+
+
+def wrk(base: str, *, script: Path | None = None, path: str = "", seconds: int = SECONDS) -> float:
+    """Requests per second wrk reached against ``base`` (see :func:`wrk_run`)."""
+    return wrk_run(base, script=script, path=path, seconds=seconds).rps
 
 
 def check_mix(base: str, paths: Sequence[str], *, every: int = 1) -> None:
@@ -182,7 +238,9 @@ def process(argv: Sequence[str], env: dict[str, str], *, cwd: Path | None = None
             proc.wait()
 
 
-def service(port: int, redis_url: str, *extra: str) -> contextlib.AbstractContextManager[object]:
+def service(
+    port: int, redis_url: str, *extra: str
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     env = {**os.environ, "REDIS_URL": redis_url, "COALESCER_LOG_LEVEL": "WARNING"}
     for name in ("WEB_CONCURRENCY", "PROMETHEUS_MULTIPROC_DIR", "PORT"):
         env.pop(name, None)
@@ -193,7 +251,7 @@ def service(port: int, redis_url: str, *extra: str) -> contextlib.AbstractContex
     )
 
 
-def bare(port: int) -> contextlib.AbstractContextManager[object]:
+def bare(port: int) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     """The yardstick (bench/bare.py), served by uvicorn as the service is: httptools, no access
     log, one process."""
     return process(
@@ -214,20 +272,23 @@ def bare(port: int) -> contextlib.AbstractContextManager[object]:
     )
 
 
-def alternate(runs: dict[str, Callable[[], float]], rounds: int = ROUNDS) -> dict[str, float]:
+def alternate(runs: dict[str, Callable[[], Run]], rounds: int = ROUNDS) -> dict[str, Run]:
     """Run each measurement once per round, in turn, for ``rounds`` rounds (the machine's load
     drifts: alternating spreads it over all of them); their medians."""
-    results: dict[str, list[float]] = {name: [] for name in runs}
+    results: dict[str, list[Run]] = {name: [] for name in runs}
     for r in range(rounds):
         for name, run in runs.items():
             results[name].append(run())
         print(
             f"  round {r + 1}/{rounds}: "
-            + ", ".join(f"{n} {v[-1]:.0f}" for n, v in results.items())
+            + ", ".join(f"{n} {v[-1].rps:.0f}/s {v[-1].cpu_us:.0f} us" for n, v in results.items())
             + f"  ({load()})",
             flush=True,
         )
-    return {name: statistics.median(v) for name, v in results.items()}
+    return {
+        name: Run(statistics.median(r.rps for r in v), statistics.median(r.cpu_us for r in v))
+        for name, v in results.items()
+    }
 
 
 def scratch() -> tempfile.TemporaryDirectory[str]:

@@ -22,16 +22,18 @@ from serving import (
     SECONDS,
     alternate,
     check_mix,
+    cpu_of,
     free_port,
     load,
     mix_events,
     mix_ids,
     mix_paths,
+    redis_cpu,
     rotation_script,
     scratch,
     service,
     write,
-    wrk,
+    wrk_run,
 )
 
 REDIS_URL = os.environ.get("COALESCER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -52,9 +54,11 @@ def main() -> int:
     try:
         with (
             scratch() as tmp,
-            service(one, REDIS_URL),
-            service(two, REDIS_URL, "--workers", "2"),
+            service(one, REDIS_URL) as one_proc,
+            service(two, REDIS_URL, "--workers", "2") as two_proc,
         ):
+            used = redis_cpu(REDIS_URL)
+            cpu = {"one": cpu_of(one_proc.pid, used), "two": cpu_of(two_proc.pid, used)}
             script = rotation_script(paths, Path(tmp))
             for port in (one, two):
                 check_mix(f"http://127.0.0.1:{port}", paths, every=13)
@@ -65,17 +69,25 @@ def main() -> int:
             )
             med = alternate(
                 {
-                    "--workers 2": lambda: wrk(f"http://127.0.0.1:{two}", script=script),
-                    "one process": lambda: wrk(f"http://127.0.0.1:{one}", script=script),
+                    "--workers 2": lambda: wrk_run(
+                        f"http://127.0.0.1:{two}", script=script, cpu=cpu["two"]
+                    ),
+                    "one process": lambda: wrk_run(
+                        f"http://127.0.0.1:{one}", script=script, cpu=cpu["one"]
+                    ),
                 }
             )
     finally:
         client.flushdb()
         client.close()
-    ratio = med["--workers 2"] / med["one process"]
-    print(f"\nsummary (medians, requests/s; {load()}):")
-    print(f"  one process       {med['one process']:9.0f}")
-    print(f"  --workers 2       {med['--workers 2']:9.0f}   {ratio:.2f}x  (target >= {TARGET})")
+    one_run, two_run = med["one process"], med["--workers 2"]
+    print(f"\nsummary (medians; {load()}):")
+    print(f"  {'':16} {'requests/s':>10} {'ratio':>7} {'CPU us/request (web + Redis)':>29}")
+    print(f"  {'one process':16} {one_run.rps:10.0f} {'':7} {one_run.cpu_us:29.0f}")
+    print(
+        f"  {'--workers 2':16} {two_run.rps:10.0f} {two_run.rps / one_run.rps:6.2f}x "
+        f"{two_run.cpu_us:29.0f}  (target >= {TARGET}x)"
+    )
     return 0
 
 

@@ -45,7 +45,14 @@ bench: $(TEST_STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq wrk; } \
 		|| { echo "make bench needs wrk: apt-get install wrk"; exit 1; }
+	@# The query against a bare Starlette endpoint: the rotating mix (the default), one URL, and
+	@# tc-coalesce's route against a model of tc-coalesce.
 	$(BIN)/python scripts/with_services.py $(BIN)/python bench/query.py
+	@# Two web processes (serve --workers 2) against one, on the rotating mix.
+	$(BIN)/python scripts/with_services.py $(BIN)/python bench/workers.py
+	@# The query at 1k, 100k and 1M tracked tasks, and Redis bytes per task (a private redis-server).
+	$(BIN)/python bench/scale.py
+	@# Ingest lines (Pulse and HTTP, bench/ingest.py) go here.
 
 # The documentation site, built strictly: a broken link or anchor is an error.
 docs: $(TEST_STAMP)

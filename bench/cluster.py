@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -23,16 +23,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from query import BIN, KEYS, PER_KEY, ROUNDS, free_port, seed_index, slug, wait_http, wrk  # noqa: E402
+from serving import BIN, ROUNDS, free_port, mix_events, mix_ids, wait_http, write, wrk  # noqa: E402
 
 from tests.redis_cluster import redis_cluster  # noqa: E402
 
 
 def main() -> int:
-    rng = random.Random(1)
-    ids = [[slug(rng) for _ in range(PER_KEY)] for _ in range(KEYS)]
+    ids = mix_ids()
     with redis_cluster() as url:
-        asyncio.run(seed_index(url, ids))
+        asyncio.run(write(url, mix_events(ids, int(time.time() * 1000))))
         env = {**os.environ, "REDIS_URL": url, "COALESCER_LOG_LEVEL": "WARNING"}
         ports = {"bare": free_port(), "coalescer": free_port()}
         procs = [

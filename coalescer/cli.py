@@ -6,16 +6,30 @@ Errors become one-line messages and exit codes: 2 for bad settings or arguments,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
+import shutil
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from coalescer import __version__
 from coalescer.errors import CoalescerError, ConfigError
 from coalescer.settings import Settings
 
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
 log = logging.getLogger("coalescer")
+#: More web processes than this is a typo, not a machine.
+MAX_WORKERS = 256
+#: How ``serve --workers`` tells its worker processes its pid (see _end_with_serve).
+_SERVE_PID = "COALESCER_SERVE_PID"
+_PR_SET_PDEATHSIG = 1
 
 #: Modules that add their own subcommands with ``register(subparsers)``.
 PLUGINS = (
@@ -28,20 +42,99 @@ PLUGINS = (
 )
 
 
+def _workers(args: argparse.Namespace) -> int:
+    """``--workers``, else ``WEB_CONCURRENCY`` (the PaaS convention), else 1."""
+    if args.workers is not None:
+        raw, name = str(args.workers), "--workers"
+    else:
+        raw, name = os.environ.get("WEB_CONCURRENCY", "").strip() or "1", "WEB_CONCURRENCY"
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_WORKERS:
+        raise ConfigError(f"{name} must be a whole number from 1 to {MAX_WORKERS}, not {raw!r}")
+    return int(raw)
+
+
+def _port(args: argparse.Namespace, settings: Settings) -> int:
+    port, name = (settings.port, "PORT") if args.port is None else (args.port, "--port")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{name} must be from 1 to 65535 (0: any free port), not {port}")
+    return port
+
+
+def worker_app() -> Starlette:
+    """The app of one ``serve --workers N`` process (uvicorn's factory, called in each)."""
+    from coalescer import logs
+    from coalescer.web.app import create_app
+
+    _end_with_serve(int(os.environ.get(_SERVE_PID, "0")))
+    settings = Settings.from_environ()
+    logs.setup(settings.log_level, settings.log_json)
+    return create_app(settings)
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.web.app import create_app
-    from coalescer.web.server import serve
+    from coalescer.web.server import bind, serve
 
     host = args.host or settings.host
-    port = settings.port if args.port is None else args.port
+    port = _port(args, settings)
+    workers = _workers(args)
+    if workers > 1 and settings.redis_url is None:
+        raise ConfigError(
+            f"{workers} worker processes need REDIS_URL: the embedded store lives in one process"
+        )
+    sock = bind(host, port)
+    bound = sock.getsockname()[1]
     log.info(
-        "serving on http://%s:%d (store: %s)",
-        host,
-        port,
+        "serving on http://%s:%d (store: %s, %s)",
+        f"[{host}]" if ":" in host else host,
+        bound,
         "redis" if settings.redis_url else "embedded",
+        f"{workers} worker processes" if workers > 1 else "one process",
     )
-    serve(create_app(settings), host=host, port=port, max_header_bytes=settings.max_header_bytes)
+    try:
+        if workers == 1:
+            serve(create_app(settings), sock=sock, max_header_bytes=settings.max_header_bytes)
+        else:
+            os.environ[_SERVE_PID] = str(os.getpid())
+            with _metrics_dir():
+                serve(
+                    f"{__name__}:worker_app",
+                    sock=sock,
+                    max_header_bytes=settings.max_header_bytes,
+                    workers=workers,
+                )
+    finally:
+        sock.close()
     return 0
+
+
+def _end_with_serve(serve_pid: int) -> None:
+    """Have this worker process told to stop (SIGTERM) when ``serve`` ends, even killed
+    outright (SIGKILL, when it cannot stop its workers): Linux's parent-death signal. A
+    worker whose ``serve`` is already gone stops at once."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if serve_pid and os.getppid() != serve_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _metrics_dir() -> Iterator[None]:
+    """A private ``PROMETHEUS_MULTIPROC_DIR`` for the worker processes, so that ``/metrics``
+    adds up every process's counters; removed at the end. One already set is used as is (a
+    process manager's, shared by several ``serve``): it is not emptied."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="coalescer-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    try:
+        yield
+    finally:
+        del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the superseder web service")
     serve.add_argument("--host", help="interface to bind (default COALESCER_HOST or 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default PORT or 8000)")
+    serve.add_argument("--port", type=int, help="port (default PORT or 8000; 0: any free port)")
+    serve.add_argument(
+        "--workers",
+        help="web processes sharing the port (default WEB_CONCURRENCY or 1); more than one "
+        "needs REDIS_URL",
+    )
     serve.set_defaults(handler=_serve)
     for name in PLUGINS:
         try:

@@ -18,7 +18,7 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -95,6 +95,20 @@ class _Protocol(asyncio.Protocol):
         if self._watchdog is None:
             self._watchdog = self.loop.call_later(self.timeout, self._check)
         return future
+
+    def send_many(self, packed: list[bytes]) -> list[asyncio.Future[Any]]:
+        """Queue several commands and write them out at once (a batch, not a query)."""
+        futures = []
+        now = time.monotonic()
+        for _ in packed:
+            future = self.loop.create_future()
+            self.waiters.append((future, now))
+            futures.append(future)
+        self.outgoing.extend(packed)
+        self._flush()
+        if self._watchdog is None:
+            self._watchdog = self.loop.call_later(self.timeout, self._check)
+        return futures
 
     def _flush(self) -> None:
         if self.transport is not None and not self.closed:
@@ -196,6 +210,18 @@ class PipelinedClient:
     async def _execute_connecting(self, args: tuple[Any, ...]) -> Any:
         protocol = await self._get()
         return await protocol.send(hiredis.pack_command(args))
+
+    async def execute_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send ``commands`` in one write; their replies in order, a command that Redis refused
+        answered by its error (:class:`ReplyError`, :class:`NoScript`) in its place. Raises
+        :class:`StoreUnavailable` when the connection fails."""
+        protocol = await self._get()
+        futures = protocol.send_many([hiredis.pack_command(tuple(c)) for c in commands])
+        replies = await asyncio.gather(*futures, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, StoreUnavailable):
+                raise reply
+        return replies
 
     async def close(self) -> None:
         if self._protocol is not None and self._protocol.transport is not None:

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from coalescer.errors import StoreUnavailable
 from coalescer.model import TaskEvent
-from coalescer.store import Store
+from coalescer.store import Store, keys
 from coalescer.store.pipelined import PipelinedClient
 
 NOW = 1_893_456_000_000
@@ -70,3 +70,40 @@ async def test_redis_down_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable, match="unreachable"):
         await client.execute("PING")
     await client.close()
+
+
+def answers(n: int) -> list[tuple[str, str, tuple[str, ...], str, int]]:
+    return [(f"k{i % 3}", f"t{i}", (f"t{i}", f"u{i}"), "ok", NOW + i) for i in range(n)]
+
+
+async def logged(redis_client: aioredis.Redis) -> dict[str, list[bytes]]:
+    return {k: await redis_client.lrange(keys.log(k), 0, -1) for k in ("k0", "k1", "k2")}
+
+
+async def test_answers_for_the_pages_are_written_over_the_lean_writer(
+    store: Store, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert store.writer is not None
+    await store.load_scripts()
+
+    def no_redis_py(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the batch went through redis-py")
+
+    monkeypatch.setattr(store, "_pipeline", no_redis_py)
+    await store.remember_answers(answers(9))
+    log = await logged(redis_client)
+    assert [len(v) for v in log.values()] == [3, 3, 3]
+    assert log["k0"][0].decode().startswith(f"{NOW + 6}|answer|t6|2|ok|t6,u6")
+    assert await redis_client.hget(keys.answered("k2")[0], "u8")
+
+
+async def test_a_lost_script_on_the_writer_reruns_only_what_failed(
+    store: Store, redis_client: aioredis.Redis
+) -> None:
+    await store.load_scripts()
+    await redis_client.script_flush()
+    await store.remember_answers(answers(6))
+    # The log entries went through once (not again with the scripts), the records after the
+    # reload.
+    assert [len(v) for v in (await logged(redis_client)).values()] == [2, 2, 2]
+    assert await redis_client.hlen(keys.answered("k0")[0]) == 4

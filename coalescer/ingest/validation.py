@@ -24,9 +24,15 @@ log = logging.getLogger(__name__)
 _MAX_DEPTH = 64
 
 
+#: Where a task status lists its runs (messages, ``status`` answers); a run is named by its
+#: ``runId`` (``runs[i]`` has ``runId == i``).
+RUNS = ("status", "runs")
+
+
 def errors(name: str, instance: Any) -> list[str]:
     """Violations of ``queue/v1/<name>.json`` by ``instance``, as :func:`schemas.errors`."""
-    check = _compiled(name)
+    distinct = _distinct(_at(instance, RUNS), _run_id)
+    check = _compiled(name, RUNS if distinct else None)
     if check is not None:
         try:
             check(instance)
@@ -43,12 +49,7 @@ def listing_errors(
     name one thing, by ``identity(item)``. Hashing every item (whole task definitions) to check
     ``uniqueItems`` costs more than the rest of the schema; items of distinct identities are
     distinct, so then that check is skipped. Otherwise the full schema decides."""
-    items = instance.get(field) if isinstance(instance, dict) else None
-    try:
-        distinct = isinstance(items, list) and len({identity(i) for i in items}) == len(items)
-    except (TypeError, KeyError, AttributeError):
-        distinct = False
-    check = _compiled(name, field) if distinct else None
+    check = _compiled(name, (field,)) if _distinct(_at(instance, (field,)), identity) else None
     if check is not None:
         try:
             check(instance)
@@ -58,16 +59,44 @@ def listing_errors(
     return errors(name, instance)
 
 
+def _at(instance: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        if not isinstance(instance, dict):
+            return None
+        instance = instance.get(name)
+    return instance
+
+
+def _distinct(items: Any, identity: Callable[[Any], Hashable]) -> bool:
+    """Whether ``items`` is a list whose items all have different identities."""
+    try:
+        return isinstance(items, list) and len({identity(i) for i in items}) == len(items)
+    except (TypeError, KeyError, AttributeError):
+        return False
+
+
+def _run_id(run: Any) -> Hashable:
+    # A bool is an int to Python and a different value to JSON: such a run is never distinct.
+    run_id = run["runId"]
+    if isinstance(run_id, bool) or not isinstance(run_id, int):
+        raise TypeError("runId is not an integer")
+    return run_id
+
+
 @functools.cache
-def _compiled(name: str, distinct: str | None = None) -> Callable[[Any], Any] | None:
-    """The compiled schema; with ``distinct``, without ``uniqueItems`` on that property."""
+def _compiled(name: str, distinct: tuple[str, ...] | None = None) -> Callable[[Any], Any] | None:
+    """The compiled schema; with ``distinct``, a path of properties to an array, without that
+    array's ``uniqueItems`` (when the schema has it)."""
     schema = schemas.validator(name).schema
-    if distinct is not None:
-        prop = {k: v for k, v in schema["properties"][distinct].items() if k != "uniqueItems"}
-        schema = {**schema, "properties": {**schema["properties"], distinct: prop}}
     try:
         resolver = schemas.registry().resolver(str(schema.get("$id", "")).rstrip("#"))
-        return fastjsonschema.compile(_inline(schema, resolver, 0))
+        inlined = _inline(schema, resolver, 0)
+        if distinct is not None:
+            node = inlined
+            for prop in distinct:
+                node = node.get("properties", {}).get(prop, {})
+            node.pop("uniqueItems", None)
+        return fastjsonschema.compile(inlined)
     except (fastjsonschema.JsonSchemaDefinitionException, LookupError, ValueError) as exc:
         log.warning("schema %s not compiled (%s); validating the slow way", name, exc)
         return None

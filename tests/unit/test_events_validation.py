@@ -86,3 +86,18 @@ def test_patterns_match_whole_values_as_the_queue_reads_them() -> None:
         schemas.errors("task-pending-message", make_message("fN1SbArXTPSVFNUvaOlinQ")["payload"])
         == []
     )
+
+
+def test_runs_told_apart_by_run_id_skip_the_costly_uniqueness_check_only_when_distinct() -> None:
+    payload = copy.deepcopy(make_message("fN1SbArXTPSVFNUvaOlinQ", "pending", run_id=1)["payload"])
+    assert validation.errors("task-pending-message", payload) == []
+    twice = copy.deepcopy(payload)
+    twice["status"]["runs"][1] = copy.deepcopy(twice["status"]["runs"][0])  # the same run, twice
+    found = schemas.errors("task-pending-message", twice)
+    assert any("non-unique" in e for e in found), found
+    assert validation.errors("task-pending-message", twice) == found
+    flagged = copy.deepcopy(payload)
+    flagged["status"]["runs"][1]["runId"] = True  # not an integer: JSON tells it from 1
+    assert validation.errors("task-pending-message", flagged) == schemas.errors(
+        "task-pending-message", flagged
+    )

@@ -1,10 +1,11 @@
 """Validating Pulse messages against the queue's saved schemas, fast.
 
 ``jsonschema`` interprets a schema for every message: about 0.3 ms for a task message, most of
-a consumer's time per event. ``fastjsonschema`` compiles the same schema, with every ``$ref``
-inlined, to Python once and checks a message in about 15 µs. It only ever *accepts*: a message
-it rejects is checked again by :func:`coalescer.schemas.errors`, which stays the reference (and
-says why), so the two can never disagree about what is refused.
+a consumer's time per event. ``jsonschema-rs`` compiles the same schema, with every ``$ref``
+inlined, once, and checks a message in a few microseconds (in Rust: five times faster than
+``fastjsonschema``'s generated Python, which this module used before). It only ever *accepts*:
+a message it refuses is checked again by :func:`coalescer.schemas.errors`, which stays the
+reference (and says why), so the two can never disagree about what is refused.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import fastjsonschema
+import jsonschema_rs
 
 from coalescer import schemas
 
@@ -24,21 +25,10 @@ log = logging.getLogger(__name__)
 _MAX_DEPTH = 64
 
 
-#: Where a task status lists its runs (messages, ``status`` answers); a run is named by its
-#: ``runId`` (``runs[i]`` has ``runId == i``).
-RUNS = ("status", "runs")
-
-
 def errors(name: str, instance: Any) -> list[str]:
     """Violations of ``queue/v1/<name>.json`` by ``instance``, as :func:`schemas.errors`."""
-    distinct = _distinct(_at(instance, RUNS), _run_id)
-    check = _compiled(name, RUNS if distinct else None)
-    if check is not None:
-        try:
-            check(instance)
-            return []
-        except fastjsonschema.JsonSchemaException:
-            pass
+    if _accepts(_compiled(name), instance):
+        return []
     return schemas.errors(name, instance)
 
 
@@ -49,22 +39,19 @@ def listing_errors(
     name one thing, by ``identity(item)``. Hashing every item (whole task definitions) to check
     ``uniqueItems`` costs more than the rest of the schema; items of distinct identities are
     distinct, so then that check is skipped. Otherwise the full schema decides."""
-    check = _compiled(name, (field,)) if _distinct(_at(instance, (field,)), identity) else None
-    if check is not None:
-        try:
-            check(instance)
-            return []
-        except fastjsonschema.JsonSchemaException:
-            pass
+    items = instance.get(field) if isinstance(instance, dict) else None
+    if _distinct(items, identity) and _accepts(_compiled(name, field), instance):
+        return []
     return errors(name, instance)
 
 
-def _at(instance: Any, path: tuple[str, ...]) -> Any:
-    for name in path:
-        if not isinstance(instance, dict):
-            return None
-        instance = instance.get(name)
-    return instance
+def _accepts(check: Callable[[Any], bool] | None, instance: Any) -> bool:
+    if check is None:
+        return False
+    try:
+        return check(instance)
+    except (ValueError, OverflowError):  # not JSON data (the reference says why)
+        return False
 
 
 def _distinct(items: Any, identity: Callable[[Any], Hashable]) -> bool:
@@ -75,31 +62,21 @@ def _distinct(items: Any, identity: Callable[[Any], Hashable]) -> bool:
         return False
 
 
-def _run_id(run: Any) -> Hashable:
-    # A bool is an int to Python and a different value to JSON: such a run is never distinct.
-    run_id = run["runId"]
-    if isinstance(run_id, bool) or not isinstance(run_id, int):
-        raise TypeError("runId is not an integer")
-    return run_id
-
-
 @functools.cache
-def _compiled(name: str, distinct: tuple[str, ...] | None = None) -> Callable[[Any], Any] | None:
-    """The compiled schema; with ``distinct``, a path of properties to an array, without that
-    array's ``uniqueItems`` (when the schema has it)."""
+def _compiled(name: str, distinct: str | None = None) -> Callable[[Any], bool] | None:
+    """The compiled schema's check; with ``distinct``, without ``uniqueItems`` on that
+    property."""
     schema = schemas.validator(name).schema
     try:
         resolver = schemas.registry().resolver(str(schema.get("$id", "")).rstrip("#"))
         inlined = _inline(schema, resolver, 0)
         if distinct is not None:
-            node = inlined
-            for prop in distinct:
-                node = node.get("properties", {}).get(prop, {})
-            node.pop("uniqueItems", None)
-        return fastjsonschema.compile(inlined)
-    except (fastjsonschema.JsonSchemaDefinitionException, LookupError, ValueError) as exc:
+            inlined["properties"][distinct].pop("uniqueItems", None)
+        validator = jsonschema_rs.Draft7Validator(inlined, validate_formats=True)
+    except (LookupError, ValueError) as exc:
         log.warning("schema %s not compiled (%s); validating the slow way", name, exc)
         return None
+    return validator.is_valid
 
 
 def _inline(node: Any, resolver: Any, depth: int) -> Any:

@@ -71,7 +71,7 @@ def test_valid_messages_pass_the_fast_check_itself() -> None:
         name = f"task-{state}-message"
         check = validation._compiled(name)
         assert check is not None
-        check(make_message("fN1SbArXTPSVFNUvaOlinQ", state)["payload"])
+        assert check(make_message("fN1SbArXTPSVFNUvaOlinQ", state)["payload"])
 
 
 def test_patterns_match_whole_values_as_the_queue_reads_them() -> None:
@@ -88,7 +88,7 @@ def test_patterns_match_whole_values_as_the_queue_reads_them() -> None:
     )
 
 
-def test_runs_told_apart_by_run_id_skip_the_costly_uniqueness_check_only_when_distinct() -> None:
+def test_repeated_or_odd_runs_are_refused_as_the_reference_refuses_them() -> None:
     payload = copy.deepcopy(make_message("fN1SbArXTPSVFNUvaOlinQ", "pending", run_id=1)["payload"])
     assert validation.errors("task-pending-message", payload) == []
     twice = copy.deepcopy(payload)

@@ -206,7 +206,6 @@ async def http_round(
         PORT=str(port),
         COALESCER_ROUTE_PREFIX=prefix,
         COALESCER_INGEST_TOKEN=TOKEN,
-        COALESCER_MAX_BODY_BYTES=str(4 << 20),
     )
     proc = start("serve", env, logs / f"serve-{port}.log", code)
     try:

@@ -112,6 +112,18 @@ def setup(level: str = "INFO", json: bool = True) -> None:
     root.setLevel(level)
     for noisy in ("aiormq", "aio_pika"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    connection = logging.getLogger("aiormq.connection")
+    if not any(isinstance(f, SaidByTheCaller) for f in connection.filters):
+        connection.addFilter(SaidByTheCaller())
+
+
+class SaidByTheCaller(logging.Filter):
+    """Drops aiormq's ERROR line for a failed connection attempt. The failure is raised to the
+    caller, which says it with what happens next (``listen``'s "retrying in N s", aio-pika's
+    "Reconnecting after N seconds"): a broker that is down is one line per retry, not two."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("error when creating transport")
 
 
 def adopt_uvicorn() -> None:

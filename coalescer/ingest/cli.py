@@ -15,6 +15,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from coalescer.errors import ConfigError, InvalidInput, StoreUnavailable
@@ -191,7 +192,18 @@ def _stop_event() -> asyncio.Event:
 # -- listen -------------------------------------------------------------------------------------
 def _listen(args: argparse.Namespace, settings: Settings) -> int:
     _need(settings, "pulse")
-    return asyncio.run(_listen_async(args, settings))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(_listen_async(args, settings))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (as uvicorn serves on it): a consumer spends a
+    good part of its time in the loop and its transports, and uvloop's are in C."""
+    try:
+        import uvloop
+    except ImportError:  # not built for this platform: the standard loop does the same work
+        return None
+    return uvloop.new_event_loop
 
 
 async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,10 +1,11 @@
 """Validating Pulse messages against the queue's saved schemas, fast.
 
 ``jsonschema`` interprets a schema for every message: about 0.3 ms for a task message, most of
-a consumer's time per event. ``fastjsonschema`` compiles the same schema, with every ``$ref``
-inlined, to Python once and checks a message in about 15 µs. It only ever *accepts*: a message
-it rejects is checked again by :func:`coalescer.schemas.errors`, which stays the reference (and
-says why), so the two can never disagree about what is refused.
+a consumer's time per event. ``jsonschema-rs`` compiles the same schema, with every ``$ref``
+inlined, once, and checks a message in a few microseconds (in Rust: five times faster than
+``fastjsonschema``'s generated Python, which this module used before). It only ever *accepts*:
+a message it refuses is checked again by :func:`coalescer.schemas.errors`, which stays the
+reference (and says why), so the two can never disagree about what is refused.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import fastjsonschema
+import jsonschema_rs
 
 from coalescer import schemas
 
@@ -26,13 +27,8 @@ _MAX_DEPTH = 64
 
 def errors(name: str, instance: Any) -> list[str]:
     """Violations of ``queue/v1/<name>.json`` by ``instance``, as :func:`schemas.errors`."""
-    check = _compiled(name)
-    if check is not None:
-        try:
-            check(instance)
-            return []
-        except fastjsonschema.JsonSchemaException:
-            pass
+    if _accepts(_compiled(name), instance):
+        return []
     return schemas.errors(name, instance)
 
 
@@ -44,33 +40,43 @@ def listing_errors(
     ``uniqueItems`` costs more than the rest of the schema; items of distinct identities are
     distinct, so then that check is skipped. Otherwise the full schema decides."""
     items = instance.get(field) if isinstance(instance, dict) else None
-    try:
-        distinct = isinstance(items, list) and len({identity(i) for i in items}) == len(items)
-    except (TypeError, KeyError, AttributeError):
-        distinct = False
-    check = _compiled(name, field) if distinct else None
-    if check is not None:
-        try:
-            check(instance)
-            return []
-        except fastjsonschema.JsonSchemaException:
-            pass
+    if _distinct(items, identity) and _accepts(_compiled(name, field), instance):
+        return []
     return errors(name, instance)
 
 
+def _accepts(check: Callable[[Any], bool] | None, instance: Any) -> bool:
+    if check is None:
+        return False
+    try:
+        return check(instance)
+    except (ValueError, OverflowError):  # not JSON data (the reference says why)
+        return False
+
+
+def _distinct(items: Any, identity: Callable[[Any], Hashable]) -> bool:
+    """Whether ``items`` is a list whose items all have different identities."""
+    try:
+        return isinstance(items, list) and len({identity(i) for i in items}) == len(items)
+    except (TypeError, KeyError, AttributeError):
+        return False
+
+
 @functools.cache
-def _compiled(name: str, distinct: str | None = None) -> Callable[[Any], Any] | None:
-    """The compiled schema; with ``distinct``, without ``uniqueItems`` on that property."""
+def _compiled(name: str, distinct: str | None = None) -> Callable[[Any], bool] | None:
+    """The compiled schema's check; with ``distinct``, without ``uniqueItems`` on that
+    property."""
     schema = schemas.validator(name).schema
-    if distinct is not None:
-        prop = {k: v for k, v in schema["properties"][distinct].items() if k != "uniqueItems"}
-        schema = {**schema, "properties": {**schema["properties"], distinct: prop}}
     try:
         resolver = schemas.registry().resolver(str(schema.get("$id", "")).rstrip("#"))
-        return fastjsonschema.compile(_inline(schema, resolver, 0))
-    except (fastjsonschema.JsonSchemaDefinitionException, LookupError, ValueError) as exc:
+        inlined = _inline(schema, resolver, 0)
+        if distinct is not None:
+            inlined["properties"][distinct].pop("uniqueItems", None)
+        validator = jsonschema_rs.Draft7Validator(inlined, validate_formats=True)
+    except (LookupError, ValueError) as exc:
         log.warning("schema %s not compiled (%s); validating the slow way", name, exc)
         return None
+    return validator.is_valid
 
 
 def _inline(node: Any, resolver: Any, depth: int) -> Any:

@@ -5,8 +5,9 @@ loaded into one :mod:`referencing` registry keyed by those ids; nothing is fetch
 
 A ``pattern`` is an ECMA 262 regular expression, whose ``$`` (without the multiline flag)
 matches only at the very end: the queue refuses a taskId with a trailing newline. Python's
-``$`` also matches before a final newline, so the patterns are read with ``\\Z`` for ``$``, as
-``fastjsonschema`` reads them too.
+``$`` also matches before a final newline, so the patterns are read with ``\\Z`` for ``$``
+(``jsonschema-rs``, the fast check of :mod:`coalescer.ingest.validation`, reads them as ECMA
+262 does).
 """
 
 from __future__ import annotations

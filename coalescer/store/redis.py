@@ -23,6 +23,8 @@ from typing import Any, Literal, TypeVar, cast
 import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from coalescer import keyset, model
 from coalescer.errors import StoreError, StoreRejected, StoreUnavailable
@@ -100,7 +102,7 @@ def condition(exc: BaseException) -> str | None:
         return "timeout"
     if isinstance(exc, OSError):
         return "unreachable"
-    if not isinstance(exc, redis.exceptions.ResponseError):
+    if not isinstance(exc, redis.exceptions.ResponseError | ReplyError | NoScript):
         # redis-py's own failures (a closed buffer, a bad reply) are the connection's
         return None if isinstance(exc, redis.exceptions.DataError) else "unreachable"
     text = str(exc)
@@ -286,7 +288,7 @@ class Store:
                     pipe.ltrim(keys.resolutions(key), 0, LOG_LENGTH - 1)
                     pipe.pexpire(keys.resolutions(key), ev.deadline_ms + self.grace_ms - now)
 
-        replies = await self._pipeline(fill, raise_on_error=False)
+        replies = await self._batch(fill)
         failed: set[int] = set()  # events with a key whose script did not run
         errors = [store_error(r) for r in replies if isinstance(r, Exception)]
         outcomes: list[Outcome] = ["ignored"] * len(events)
@@ -330,7 +332,7 @@ class Store:
                 )
 
         if counters or history:
-            await self._pipeline(fill)
+            await self._write(fill)
 
     async def remember_answers(
         self,
@@ -374,6 +376,26 @@ class Store:
 
         if per_key or history:
             await self._write(fill)
+
+    async def _batch(self, fill: Callable[[Any], object]) -> list[Any]:
+        """:meth:`_pipeline` without raising on a command's error, for the ingest's batches:
+        on the lean writer connection when there is one, where hiredis packs the commands and
+        parses the replies (redis-py's Python packing and per-reply parsing cost more than Redis
+        spends running a batch's scripts). A command's error is its reply; a lost script is
+        loaded again and the whole batch run again (every command in it is idempotent)."""
+        if self.writer is None:
+            return await self._pipeline(fill, raise_on_error=False)
+        for attempt in (1, 2):
+            if not self._sha:
+                await self.load_scripts()
+            batch = _Commands()
+            fill(batch)
+            replies = await self.writer.execute_many(batch.commands)
+            if attempt == 1 and any(isinstance(r, NoScript) for r in replies):
+                self._sha.clear()
+                continue
+            return replies
+        raise AssertionError("unreachable")
 
     async def _write(self, fill: Callable[[Any], object]) -> None:
         """Run the commands ``fill`` queues in one round trip, as :meth:`_pipeline` does, for
@@ -535,10 +557,14 @@ def _script(name: str, embedded: bool) -> str:
 class _Commands:
     """Stands in for a redis-py pipeline and records the commands queued on it, for the lean
     writer: ``pipe.lpush(name, *values)`` queues ``("LPUSH", name, *values)``. Positional
-    arguments only, as the background writes pass them."""
+    arguments only, as the store's batched writes pass them, but for ``zadd``'s mapping."""
 
     def __init__(self) -> None:
         self.commands: list[tuple[Any, ...]] = []
+
+    def zadd(self, name: str, mapping: dict[str, float]) -> None:
+        pairs = [a for member, score in mapping.items() for a in (score, member)]
+        self.commands.append(("ZADD", name, *pairs))
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         def queue(*args: Any) -> None:
@@ -601,6 +627,9 @@ async def open_store(
             socket_timeout=10,
             health_check_interval=30,
             max_connections=256,
+            # A pooled connection may be one that a restarted Redis closed: one retry on a new
+            # connection (never after a timeout: a frozen Redis must be an error soon).
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
         )
         lean = PipelinedClient.supports(redis_url)
         store = Store(

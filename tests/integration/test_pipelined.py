@@ -107,3 +107,29 @@ async def test_a_lost_script_on_the_writer_reruns_only_what_failed(
     # reload.
     assert [len(v) for v in (await logged(redis_client)).values()] == [2, 2, 2]
     assert await redis_client.hlen(keys.answered("k0")[0]) == 4
+
+
+async def test_events_and_counters_are_written_over_the_lean_writer(
+    store: Store, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert store.writer is not None and store.writer is not store.fast
+    await store.load_scripts()
+
+    def no_redis_py(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the batch went through redis-py")
+
+    monkeypatch.setattr(store, "_pipeline", no_redis_py)
+    done = TaskEvent("a", 0, "completed", ("k",), 1, NOW + 3_600_000, NOW)
+    assert await store.apply([ev("a", 1), ev("b", 2), done], now_ms=NOW) == ["applied"] * 3
+    await store.count({"events_applied": 3, "events_stale": 0})
+    assert await redis_client.hgetall(keys.STATS) == {b"events_applied": b"3"}
+    assert await redis_client.zrange(keys.group("k")[1], 0, -1) == [b"b"]
+    assert await redis_client.llen(keys.resolutions("k")) == 1
+
+
+async def test_a_lost_script_runs_the_batch_of_events_again(
+    store: Store, redis_client: aioredis.Redis
+) -> None:
+    assert await store.apply([ev("a", 1), ev("b", 2)], now_ms=NOW) == ["applied", "applied"]
+    await redis_client.script_flush()
+    assert await store.apply([ev("a", 1), ev("c", 3)], now_ms=NOW) == ["stale", "applied"]

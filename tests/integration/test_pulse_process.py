@@ -33,6 +33,7 @@ from tests.integration.test_pulse import (  # noqa: F401  (fixtures)
     prefix,
     routes,
 )
+from tests.ports import free_port
 
 #: ``coalescer listen`` that SIGKILLs itself right after its first index write, before any ack.
 CRASH_AFTER_WRITE = """
@@ -218,3 +219,24 @@ async def test_a_connection_closed_by_the_broker_is_reopened(
     started = time.monotonic()
     listen.proc.send_signal(signal.SIGTERM)
     assert await listen.exited() == 0 and time.monotonic() - started < 15
+
+
+async def test_a_broker_that_is_down_is_one_warning_per_retry(
+    redis_url: str, prefix: str, tmp_path: Path, processes: list[Listen]
+) -> None:
+    down = f"amqp://guest:guest@127.0.0.1:{free_port()}/"  # nothing listens there
+    listen = Listen(listen_environ(down, redis_url, "queue/guest/down", prefix), tmp_path / "l")
+    processes.append(listen)
+
+    async def retried_twice() -> bool:
+        return listen.output().count("retrying in") >= 2
+
+    await eventually(retried_twice, what="two retries")
+    listen.proc.send_signal(signal.SIGTERM)
+    assert await listen.exited() == 0
+    lines = listen.output().splitlines()
+    about_the_broker = [line for line in lines if "127.0.0.1" in line or "aiormq" in line]
+    retries = [line for line in lines if "unreachable" in line and "retrying in" in line]
+    assert about_the_broker == retries and len(retries) >= 2, lines
+    assert all(" WARNING " in line and ":***@" in line for line in retries), retries
+    assert not [line for line in lines if " ERROR " in line], lines

@@ -15,6 +15,7 @@ from coalescer.model import TaskEvent
 from coalescer.store import Store, open_store
 from coalescer.store import lineage as records
 from coalescer.store import policy as outbox_store
+from coalescer.store.redis import _Commands
 from tests.conftest import make_message
 from tests.policy.support import rule
 
@@ -43,16 +44,17 @@ async def test_on_claim_keys_cost_the_same_commands_with_or_without_a_policy(
     store: Store, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sizes: list[int] = []
-    original = store._pipeline
+    original = store._batch
 
-    async def spy(fill: Any, **options: Any) -> list[Any]:
+    async def spy(fill: Any) -> list[Any]:
         def counting(pipe: Any) -> None:
             fill(pipe)
-            sizes.append(len(pipe.command_stack))
+            # The lean writer's batch, or redis-py's pipeline (no lean connection).
+            sizes.append(len(pipe.commands if isinstance(pipe, _Commands) else pipe.command_stack))
 
-        return await original(counting, **options)
+        return await original(counting)
 
-    monkeypatch.setattr(store, "_pipeline", spy)
+    monkeypatch.setattr(store, "_batch", spy)
     events = [event(IDS[0], at=1), event(IDS[1], at=2), event(IDS[0], "completed", at=1)]
     await store.apply(events, now_ms=NOW)
     on_claim_only = rule("elsewhere.*", strategy="latest-wins")

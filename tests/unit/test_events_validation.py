@@ -71,7 +71,7 @@ def test_valid_messages_pass_the_fast_check_itself() -> None:
         name = f"task-{state}-message"
         check = validation._compiled(name)
         assert check is not None
-        check(make_message("fN1SbArXTPSVFNUvaOlinQ", state)["payload"])
+        assert check(make_message("fN1SbArXTPSVFNUvaOlinQ", state)["payload"])
 
 
 def test_patterns_match_whole_values_as_the_queue_reads_them() -> None:
@@ -85,4 +85,19 @@ def test_patterns_match_whole_values_as_the_queue_reads_them() -> None:
     assert (
         schemas.errors("task-pending-message", make_message("fN1SbArXTPSVFNUvaOlinQ")["payload"])
         == []
+    )
+
+
+def test_repeated_or_odd_runs_are_refused_as_the_reference_refuses_them() -> None:
+    payload = copy.deepcopy(make_message("fN1SbArXTPSVFNUvaOlinQ", "pending", run_id=1)["payload"])
+    assert validation.errors("task-pending-message", payload) == []
+    twice = copy.deepcopy(payload)
+    twice["status"]["runs"][1] = copy.deepcopy(twice["status"]["runs"][0])  # the same run, twice
+    found = schemas.errors("task-pending-message", twice)
+    assert any("non-unique" in e for e in found), found
+    assert validation.errors("task-pending-message", twice) == found
+    flagged = copy.deepcopy(payload)
+    flagged["status"]["runs"][1]["runId"] = True  # not an integer: JSON tells it from 1
+    assert validation.errors("task-pending-message", flagged) == schemas.errors(
+        "task-pending-message", flagged
     )

@@ -102,7 +102,6 @@ class PoolActions:
             return Result("canceled" if canceled else "gone")
         started = pool.started_ms(i)
         if entry.protect_ms >= 0 and self.now_ms - started > entry.protect_ms:
-            pool.out.protected += 1
             return Result("protected", started_ms=started)
         cascaded = pool.unresolved_dependents(i) if entry.cascade == "cancel" else ()
         pool.cancel(i, primary, self.now_ms)

@@ -74,8 +74,6 @@ class Summary:
     decisions_missed: int
     #: Of ``superseded``: running victims canceled (``supersede-running``).
     canceled: int
-    #: Running victims that ``protect-running-after`` kept running.
-    protected: int
     #: Runs given back to the queue (held victims of a failed primary, secondaries of a
     #: canceled one): each task ran again in a new run.
     released: int
@@ -163,7 +161,6 @@ def summarize(
         asked=out.asked,
         decisions_missed=out.missed,
         canceled=sum(1 for s in states if s == State.CANCELED),
-        protected=out.protected,
         released=out.released,
         pending_p95_s=percentile(pending_waits, 0.95),
         ttr_p50_s=percentile(all_ttr, 0.5),

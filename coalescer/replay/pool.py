@@ -99,8 +99,6 @@ class Outcome:
     asked: int = 0
     #: Decisions on arrival whose victim a worker had claimed first (left to run).
     missed: int = 0
-    #: Running victims a rule's ``protect-running-after`` kept running.
-    protected: int = 0
     #: Victims released (their primary failed) or secondaries released (their primary was
     #: canceled): each ran again in a new run.
     released: int = 0

@@ -21,7 +21,7 @@ from coalescer.replay.runner import Config, replay
 from coalescer.store import open_store
 from coalescer.store.replay import holds_nothing
 from tests.conftest import REDIS_URL
-from tests.replay.support import MIN, history, minutes, task
+from tests.replay.support import MIN, T0, history, minutes, task
 from tests.replay.test_superseding import check, histories, states
 
 pytestmark = pytest.mark.integration
@@ -149,15 +149,39 @@ def test_release_holds_victims_until_the_primary_ends() -> None:
 
     fails = history(*backlog, task("c", 3, 10, outcome="failed"))
     (out,) = run(fails, policy(rule))
-    # "c" failed at 70: its held victims are released and run themselves, in new runs
-    # ("b" the newer, "a" then its victim once "b" is pending: a is held for b, and superseded
-    # when b completes).
-    assert states(fails, out)["c"] == "failed"
-    assert out.released >= 2
-    assert "completed" in (states(fails, out)["a"], states(fails, out)["b"])
+    # "c" failed at 70: "b", held for it, is released (a retry: run 1) and so is "a", held for
+    # "b", whose run 0 ended. Both pending again, "a" is held for "b" anew, and superseded by
+    # it when "b" completes at 80.
+    assert states(fails, out) == {
+        "busy": "completed",
+        "a": "superseded",
+        "b": "completed",
+        "c": "failed",
+    }
+    assert by(fails, out) == {"a": "b"}
+    assert [at(fails, out, v) for v in ("c", "a", "b")] == [70, 80, 80]
+    assert (out.released, out.runs) == (2, [1, 2, 2, 1])
     report = summarize(fails, "p", out, None, rule_of=policy(rule).rule_for)
-    assert (report.wrong_winners, report.lost) == (0, 0)
-    assert max(out.runs) >= 2
+    assert (report.wrong_winners, report.lost, report.released) == (0, 0, 2)
+
+
+def test_a_victim_held_for_a_canceled_primary_follows_the_chain_to_its_end() -> None:
+    # "a" is held for "b"; "b" runs and is canceled by "c", which fails: "a" is released and
+    # runs itself, rather than being held until its deadline.
+    rule = {
+        "keys": "k",
+        "strategy": "latest-wins",
+        "supersede-running": True,
+        "on-primary-failure": "release",
+    }
+    h = history(
+        task("a", 0, 10), task("b", 0, 30, order=T0 + 1), task("c", 5, 10, outcome="failed")
+    )
+    (out,) = run(h, policy(rule))
+    assert states(h, out) == {"a": "completed", "b": "canceled", "c": "failed"}
+    assert by(h, out) == {"b": "c"}
+    assert [at(h, out, v) for v in ("b", "c", "a")] == [5, 15, 25]
+    assert (out.released, out.runs) == (1, [2, 1, 1])
 
 
 def test_cascade_leaves_dependents_unscheduled_either_way() -> None:

@@ -7,8 +7,9 @@ the daily peak, a pool sized to back up at peak) is replayed under ``off``,
 (``--redis-url``, ``REDIS_URL`` or ``COALESCER_TEST_REDIS_URL``, which
 ``scripts/with_services.py`` sets), as ``coalescer replay`` does. Then the first
 ``--policy-tasks`` of the same history are replayed under ``off`` and :data:`POLICY` (builds
-latest-wins, canceling running ones; one platform's tests first-wins, holding victims; the
-other's tests on claim), which needs an empty database. Prints the wall time of each replay
+latest-wins, holding victims until their primary ends; one platform's tests latest-wins,
+canceling running ones that started less than 5 minutes before; the other's tests on claim),
+which needs an empty database. Prints the wall time of each replay
 (generation and metrics apart), each configuration's figures and the load average.
 
     .venv/bin/python scripts/with_services.py .venv/bin/python bench/replay.py [--tasks 100000]
@@ -33,14 +34,13 @@ rules:
   - name: builds
     keys: "build.*"
     strategy: latest-wins
-    supersede-running: true
-    protect-running-after: 10m
+    on-primary-failure: release
   - name: tests-p1
     keys: "test.p1.*"
-    strategy: first-wins
-    on-primary-failure: release
+    strategy: latest-wins
+    supersede-running: true
+    protect-running-after: 5m
 """
-
 
 def load() -> str:
     one, five, fifteen = os.getloadavg()

@@ -1,11 +1,12 @@
 # The two commands: `make run` serves, `make test` runs the whole suite. Both set everything up.
+# `make docs` builds the documentation site (site/), `make docs-serve` serves it while you edit.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
 
-.PHONY: run test demo bench clean
+.PHONY: run test test-taskcluster demo bench docs docs-serve clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
@@ -28,10 +29,17 @@ demo: $(STAMP)
 	$(BIN)/coalescer demo
 
 test: $(TEST_STAMP)
-	$(BIN)/ruff check coalescer tests
-	$(BIN)/ruff format --check coalescer tests
+	$(BIN)/ruff check coalescer tests tests_taskcluster
+	$(BIN)/ruff format --check coalescer tests tests_taskcluster
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
+
+# Opt-in: the real-systems scenarios against a real Taskcluster deployment named by the
+# environment (docs/how-to/real-taskcluster.md). `make test` never collects them.
+test-taskcluster: $(TEST_STAMP)
+	@$(BIN)/python -m tests_taskcluster.environment
+	$(BIN)/pytest -q -p no:cacheprovider --timeout 300 --durations=0 tests_taskcluster
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
@@ -39,5 +47,13 @@ bench: $(TEST_STAMP)
 		|| { echo "make bench needs wrk: apt-get install wrk"; exit 1; }
 	$(BIN)/python scripts/with_services.py $(BIN)/python bench/query.py
 
+# The documentation site, built strictly: a broken link or anchor is an error.
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	@echo "open site/index.html"
+
+docs-serve: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8001
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

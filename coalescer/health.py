@@ -25,6 +25,7 @@ from prometheus_client import Counter
 
 from coalescer.errors import ConfigError, StoreUnavailable
 from coalescer.logs import Throttled
+from coalescer.model import format_time_ms
 from coalescer.store import IndexState, Store
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Loop:
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": "error" if self.failing else "ok"}
         if self.last_ok is not None:
-            out["lastOk"] = round(self.last_ok, 3)
+            out["lastOk"] = format_time_ms(int(self.last_ok * 1000))
         if self.total_failures:
             out.update(failures=self.total_failures, lastError=self.last_error)
         if self.restarts:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+from typing import TextIO
 
 import orjson
 
@@ -27,6 +28,7 @@ FIELDS = (
     "task_id",
     "exchange",
     "outcome",
+    "query",
 )
 
 
@@ -47,6 +49,38 @@ class JSONFormatter(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
+#: The longest a value (a path, a key, a query, any string argument) is written in a log line;
+#: longer ones are clipped, with a marker saying how much was left out, so that a client sending
+#: a 5,000-character path cannot make the service write lines of ten kilobytes.
+MAX_VALUE = 256
+
+
+def clip(value: str, limit: int = MAX_VALUE) -> str:
+    """``value``, or its first ``limit`` characters and ``…(+N chars)``."""
+    if len(value) <= limit:
+        return value
+    return f"{value[:limit]}…(+{len(value) - limit} chars)"
+
+
+class ClipLong(logging.Filter):
+    """Clips long string arguments and ``extra`` fields of every record (see :func:`clip`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # A record goes through every handler's filters: clip it once, not a clipped value again.
+        if getattr(record, "coalescer_clipped", False):
+            return True
+        record.coalescer_clipped = True
+        if isinstance(record.args, tuple) and any(
+            isinstance(a, str) and len(a) > MAX_VALUE for a in record.args
+        ):
+            record.args = tuple(clip(a) if isinstance(a, str) else a for a in record.args)
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            if isinstance(value, str) and len(value) > MAX_VALUE:
+                setattr(record, name, clip(value))
+        return True
+
+
 class RequestContext(logging.Filter):
     """Stamps each record with the current request's id."""
 
@@ -57,14 +91,22 @@ class RequestContext(logging.Filter):
         return True
 
 
-def setup(level: str = "INFO", json: bool = True) -> None:
-    handler = logging.StreamHandler()
+def make_handler(json: bool = True, stream: TextIO | None = None) -> logging.Handler:
+    """The service's log handler: JSON (or text) lines to ``stream`` (stderr), each with the
+    request's id and long values clipped."""
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(
         JSONFormatter()
         if json
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     handler.addFilter(RequestContext())
+    handler.addFilter(ClipLong())
+    return handler
+
+
+def setup(level: str = "INFO", json: bool = True) -> None:
+    handler = make_handler(json)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

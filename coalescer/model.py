@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 
 from coalescer.errors import InvalidInput
 
@@ -81,6 +81,13 @@ def parse_time_ms(value: str) -> int:
     if parsed.tzinfo is None:
         raise InvalidInput(f"date-time without a time zone: {value!r}")
     return int(parsed.timestamp() * 1000)
+
+
+def format_time_ms(ms: int) -> str:
+    """Milliseconds since the epoch as the queue writes date-times, and as the JSON API gives
+    every instant: ISO 8601 in UTC with milliseconds (``2030-01-01T00:00:00.000Z``)."""
+    seconds, millis = divmod(int(ms), 1000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{millis:03d}Z"
 
 
 def check_task_id(value: str) -> str:

@@ -1,5 +1,6 @@
 """What the service counts and remembers about itself: Prometheus metrics, the shared counters
-behind ``/v1/stats``, and recent answers for the debug pages.
+behind ``/v1/stats``, recent answers for the debug pages, and the history behind their charts
+(:mod:`coalescer.history`), written along with the counters and the answers.
 
 Queries stay at one Redis round trip: answers (and how long each took) are buffered here and
 written to each key's log, and observed by the metrics, in batches by :meth:`Observer.flush`,
@@ -24,8 +25,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
-from coalescer import keyset
+from coalescer import history, keyset
 from coalescer.errors import StoreError, StoreUnavailable
+from coalescer.history import Durations, Retention, Tally
+from coalescer.model import TaskEvent
 from coalescer.store import Store, views
 from coalescer.store import keyset as stored
 
@@ -74,6 +77,8 @@ STAT_NAMES = {
     "invalid": "events_invalid",
     "dead-lettered": "events_dead_lettered",
 }
+#: Every shared counter ``/v1/stats`` shows (``0`` until counted), tc-coalesce's first.
+STAT_COUNTERS = ("total_msgs_handled", *STAT_NAMES.values())
 #: The queue's task exchanges by short name; anything else counts as ``other``, so that a
 #: client cannot grow the metrics' label sets.
 EXCHANGES = frozenset(
@@ -88,8 +93,14 @@ def exchange_label(exchange: str) -> str:
 
 
 class Observer:
-    def __init__(self, store: Store, *, buffer: int = 10_000) -> None:
+    def __init__(
+        self, store: Store, *, buffer: int = 10_000, retention: Retention | None = None
+    ) -> None:
         self.store = store
+        self.retention = retention or Retention()
+        #: Counts for the history's buckets, written with the next counters or answers.
+        self.history = Tally(self.retention)
+        self.durations = Durations()
         self._answers: collections.deque[views.GivenAnswer] = collections.deque(maxlen=buffer)
         self._seconds: collections.deque[float] = collections.deque(maxlen=buffer)
         self._counted = 0  # answers at the head of the buffer already in the metrics
@@ -112,10 +123,31 @@ class Observer:
         if started is not None:
             self._seconds.append(time.perf_counter() - started)
 
+    def applied(self, events: Iterable[TaskEvent], now_ms: int | None = None) -> None:
+        """Count, for the history, events the store has just applied (never a stale one, so
+        a redelivered event counts once): superseded resolutions, and the worker time they
+        saved, estimated from the key's recent completed and failed runs."""
+        for ev in events:
+            if ev.state in ("completed", "failed") and 0 < ev.started_ms <= ev.resolved_ms:
+                for key in ev.keys:
+                    self.durations.add(key, ev.resolved_ms - ev.started_ms)
+            elif ev.state == "exception" and ev.reason == "superseded":
+                at = ev.resolved_ms or (int(time.time() * 1000) if now_ms is None else now_ms)
+                self.history.add(history.SUPERSEDED, at)
+                saved = self.durations.estimate(ev.keys)
+                if saved:
+                    self.history.add(history.SAVED_MS, at, saved)
+
     async def ingest(
-        self, source: str, outcomes: Sequence[str], exchanges: Sequence[str] | None = None
+        self,
+        source: str,
+        outcomes: Sequence[str],
+        exchanges: Sequence[str] | None = None,
+        applied: Iterable[TaskEvent] = (),
     ) -> None:
-        """Count ingested events: ``outcomes[i]`` of a message from ``exchanges[i]``."""
+        """Count ingested events: ``outcomes[i]`` of a message from ``exchanges[i]``; and,
+        for the history, the ``applied`` events (:meth:`applied`)."""
+        self.applied(applied)
         names: Iterable[str] = (
             map(exchange_label, exchanges) if exchanges is not None else ["other"] * len(outcomes)
         )
@@ -130,10 +162,12 @@ class Observer:
         shared["total_msgs_handled"] = sum(counts.values())
         # The shared counters wait while the store cannot take them; they never fail ingest.
         self._uncounted.update(shared)
+        buckets = self.history.take()
         try:
-            await self.store.count(dict(self._uncounted))
+            await self.store.count(dict(self._uncounted), history=buckets, retention=self.retention)
         except StoreError as exc:
             STORE_ERRORS.labels(exc.reason).inc()
+            self.history.restore(buckets)
             return
         self._uncounted.clear()
 
@@ -144,18 +178,21 @@ class Observer:
         for s in seconds:
             QUERY_SECONDS.observe(s)
         batch = list(self._answers)
-        if not batch:
+        if not batch and not self.history:
             return
         fresh = batch[self._counted :]
         for reason, n in collections.Counter(a[3] for a in fresh).items():
             QUERIES.labels(reason).inc(n)
         for _key, _initial, answer, _reason, _at in fresh:
             LIST_SIZE.observe(len(answer))
+        self.history.add_each(history.ANSWERS, (a[4] for a in fresh))
         self._counted = len(batch)
+        buckets = self.history.take()
         try:
-            await self.store.remember_answers(batch)
+            await self.store.remember_answers(batch, history=buckets, retention=self.retention)
         except StoreUnavailable as exc:
             STORE_ERRORS.labels(exc.reason).inc()
+            self.history.restore(buckets)
             raise
         for _ in batch:
             self._answers.popleft()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from coalescer.errors import ConfigError
+from coalescer.history import Retention
 
 if TYPE_CHECKING:
     from coalescer.policy.rules import Policy
@@ -86,6 +87,15 @@ class Settings:
     #: ``COALESCER_POLICY_FILE``, read and validated at start (see coalescer.policy.rules)
     policy_file: str | None = None
     policy: Policy | None = None
+    #: ``COALESCER_HISTORY_BUCKET_SECONDS``: the width of a bucket of the pages' charts
+    history_bucket_seconds: int = 60
+    #: ``COALESCER_HISTORY_BUCKETS``: how many buckets are kept (a minute each for 24 hours)
+    history_buckets: int = 1440
+
+    @property
+    def retention(self) -> Retention:
+        """The history kept for the pages' charts (see coalescer.history)."""
+        return Retention(self.history_bucket_seconds * 1000, self.history_buckets)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -158,7 +168,13 @@ class Settings:
             log_level=(get("COALESCER_LOG_LEVEL") or cls.log_level).upper(),
             log_json=(get("COALESCER_LOG_FORMAT") or "json") == "json",
             policy_file=get("COALESCER_POLICY_FILE"),
+            history_bucket_seconds=integer(
+                "COALESCER_HISTORY_BUCKET_SECONDS", cls.history_bucket_seconds, 1
+            ),
+            history_buckets=integer("COALESCER_HISTORY_BUCKETS", cls.history_buckets, 2),
         )
+        if values["history_buckets"] > 100_000:
+            raise ConfigError("COALESCER_HISTORY_BUCKETS must be at most 100000")
         if values["policy_file"] is not None:
             from coalescer.policy.rules import load
 

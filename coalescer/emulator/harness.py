@@ -47,8 +47,9 @@ class ClockControl:
 
     def advance(self, seconds: float) -> datetime:
         """Move time forward and run the queue's background work (what became due, then the
-        dependency resolver's ``task-group-resolved``) before returning (on the server loop, so
-        the resulting messages are already in ``published``)."""
+        dependency resolver: dependents scheduled, ``task-group-resolved``) before returning (on
+        the server loop, so the resulting messages are already in ``published``);
+        ``advance(0)`` just runs it now."""
         emulator = self._harness.emulator
         return self._harness.call(lambda: emulator.advance(seconds))
 

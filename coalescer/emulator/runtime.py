@@ -4,7 +4,8 @@ Every state change goes through :meth:`Emulator.apply`, which first applies what
 (claim expiry, deadlines, task expiry: the lazy check on every request), then the operation, then
 hands the resulting messages to the publisher and wakes long-polling claimWork calls. The
 periodic :meth:`Emulator.tick` does the same due-check when no requests come, and is the
-dependency resolver that publishes ``task-group-resolved`` after resolutions. It all runs on one
+dependency resolver that schedules dependents and publishes ``task-group-resolved`` after
+resolutions (within ``tick_interval``, as the real queue's does within seconds). It all runs on one
 event loop, so no locks are needed around the state.
 """
 
@@ -41,7 +42,8 @@ class EmulatorOptions:
     #: seconds after its deadline at which an unresolved task is resolved deadline-exceeded
     #: (the real queue's ``deadlineDelay``)
     deadline_delay: float = 60.0
-    #: seconds between background checks for expired claims, deadlines and tasks
+    #: seconds between background passes: expired claims, deadlines and tasks, then the
+    #: dependency resolver (dependents scheduled, ``task-group-resolved``)
     tick_interval: float = 1.0
     #: serve ``POST /emulator/v1/clock`` so that HTTP clients can move time forward
     controllable_clock: bool = False
@@ -113,9 +115,11 @@ class Emulator:
 
     def tick(self) -> None:
         """The queue's background work: apply what became due by now (claim expiry, deadlines,
-        task expiry), then let the dependency resolver publish ``task-group-resolved``."""
-        self._emit(self.state.expire(self.clock.now()))
-        self._emit(self.state.resolve_groups())
+        task expiry), then let the dependency resolver schedule the dependents of the tasks
+        resolved since, and publish ``task-group-resolved``."""
+        now = self.clock.now()
+        self._emit(self.state.expire(now))
+        self._emit(self.state.resolve_dependencies(now))
 
     def advance(self, seconds: float) -> datetime:
         """Move the clock forward and run the background work (:meth:`tick`); returns the new

@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Mount
 
+from coalescer.emulator import ui
 from coalescer.emulator.app import api_route, control_routes, internal_error, not_found
 from coalescer.emulator.endpoints import HANDLERS, not_implemented
 from coalescer.emulator.runtime import Emulator, EmulatorOptions
@@ -40,7 +41,7 @@ def create_app(emulator: Emulator | EmulatorOptions | None = None) -> Starlette:
             await running.publisher.stop()
 
     app = Starlette(
-        routes=[Mount("/api/queue/v1", routes=api), *control_routes(running)],
+        routes=[Mount("/api/queue/v1", routes=api), *control_routes(running), *ui.routes(running)],
         lifespan=lifespan,
         exception_handlers={HTTPException: not_found, Exception: internal_error},
     )

@@ -9,9 +9,10 @@ does IO or reads a clock. Failures are :class:`~coalescer.emulator.model.QueueEr
 Where the real queue and its documentation differ, the real queue wins: when a run is retried
 (``claim-expired``, ``worker-shutdown``, ``intermittent-task`` with retries left) ``task-exception``
 for the old run comes first, then ``task-pending`` for the new one; a deadline is acted on
-``deadline_delay`` after it passes, as the queue's deadline resolver does; and
-``task-group-resolved`` comes later, when the background dependency resolver works through the
-resolutions (:meth:`QueueState.resolve_groups`), only if the group is still fully resolved then.
+``deadline_delay`` after it passes, as the queue's deadline resolver does; and a resolution's
+consequences come later, when the background dependency resolver works through the resolutions
+(:meth:`QueueState.resolve_dependencies`): the dependents it unblocks become pending, then
+``task-group-resolved`` is published if the group is still fully resolved.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from coalescer.emulator import artifacts, credentials
 from coalescer.emulator import messages as msg
 from coalescer.emulator.clock import parse_time
 from coalescer.emulator.definition import normalize
-from coalescer.emulator.groups import TaskGroups
 from coalescer.emulator.messages import Message
 from coalescer.emulator.model import RESOLVED, QueueError, Run, Task
+from coalescer.emulator.registry import TaskGroups
 
 Outcome = tuple[Any, list[Message]]
 
@@ -60,9 +61,14 @@ class QueueState:
         self.groups = TaskGroups()
         self.issued: dict[str, credentials.Issued] = {}
         self._dependents: defaultdict[str, list[str]] = defaultdict(list)
+        #: Per unscheduled task, the dependencies that do not yet allow it to run (the queue's
+        #: task requirements): one is dropped when the resolver sees it resolve as required, and
+        #: stays dropped even if that task is rerun.
+        self._blocked: dict[str, set[str]] = {}
         self._seq = itertools.count(1)
-        #: The taskGroupIds of the resolutions the dependency resolver has yet to look at.
-        self._resolutions: list[str] = []
+        #: ``(taskId, taskGroupId, state)`` of the resolutions the dependency resolver has yet to
+        #: look at, in order.
+        self._resolutions: list[tuple[str, str, str]] = []
         #: Nothing becomes due before this time (``None``: unknown, look), so that reads of a
         #: large state do not scan every task.
         self._quiet_until: datetime | None = None
@@ -143,7 +149,13 @@ class QueueState:
         self.groups.join(task)
         for dependency in task.dependencies:
             self._dependents[dependency].append(task_id)
-        run = self.new_run(task, "scheduled", now) if self._ready(task) else None
+        # A dependency resolved as required already no longer blocks; a self-dependency does.
+        blocked = {
+            d for d in task.dependencies if not self._satisfies(d, self.tasks[d].state, task)
+        }
+        if blocked:
+            self._blocked[task_id] = blocked
+        run = None if blocked else self.new_run(task, "scheduled", now)
         out = [msg.task_defined(task)]
         if run is not None:
             out.append(msg.task_pending(task, run))
@@ -296,6 +308,7 @@ class QueueState:
 
     def _forget(self, task: Task) -> None:
         del self.tasks[task.task_id]
+        self._blocked.pop(task.task_id, None)
         self.groups.leave(task)
         self._dependents.pop(task.task_id, None)
         for dependency in task.dependencies:
@@ -306,14 +319,31 @@ class QueueState:
 
     # -- task groups ---------------------------------------------------------------------------
 
-    def resolve_groups(self) -> list[Message]:
-        """The dependency resolver's pass over the resolutions since its last one: for each,
-        ``task-group-resolved`` if its group (still there) has no unresolved task at this point.
-        The real resolver runs apart from the API, so a task created into the group or rerun in
-        the meantime means no message."""
+    def resolve_dependencies(self, now: datetime) -> list[Message]:
+        """The dependency resolver's pass over the resolutions since its last one. For each, in
+        order, as the real queue's resolver does: the dependents it was the last requirement of
+        become pending (unless already scheduled, or past their deadline), then
+        ``task-group-resolved`` is published if its group (still there) has no unresolved task
+        at this point. The real resolver runs apart from the API, so a task created into the
+        group or rerun in the meantime means no message, and a dependent canceled in the
+        meantime is not scheduled."""
         due, self._resolutions = self._resolutions, []
         out = []
-        for group_id in due:
+        for task_id, group_id, state in due:
+            for dependent_id in self._dependents.get(task_id, []):
+                dependent = self.tasks.get(dependent_id)
+                blocked = self._blocked.get(dependent_id)
+                if dependent is None or blocked is None or task_id not in blocked:
+                    continue
+                if not self._satisfies(task_id, state, dependent):
+                    continue
+                blocked.discard(task_id)
+                if blocked:
+                    continue
+                del self._blocked[dependent_id]
+                if dependent.state == "unscheduled" and now < dependent.deadline:
+                    run = self.new_run(dependent, "scheduled", now)
+                    out.append(msg.task_pending(dependent, run))
             group = self.groups.find(group_id)
             if group is not None and all(self.tasks[t].resolved for t in group.members):
                 out.append(msg.task_group_resolved(group))
@@ -327,10 +357,14 @@ class QueueState:
         task.runs.append(run)
         return run
 
-    def _ready(self, task: Task) -> bool:
-        wanted = {"completed"} if task.definition["requires"] == "all-completed" else RESOLVED
-        deps = [self.tasks.get(d) for d in task.dependencies]
-        return all(dep is not None and dep.state in wanted for dep in deps)
+    @staticmethod
+    def _satisfies(dependency: str, state: str, dependent: Task) -> bool:
+        """Whether ``dependency`` resolved as ``state`` no longer blocks ``dependent``."""
+        if dependency == dependent.task_id:
+            return False  # a self-dependency waits for scheduleTask or the deadline
+        if dependent.definition["requires"] == "all-completed":
+            return state == "completed"
+        return state in RESOLVED
 
     @staticmethod
     def resolve(run: Run, state: str, reason: str, when: datetime) -> None:
@@ -351,18 +385,11 @@ class QueueState:
     def resolved(
         self, task: Task, run: Run, when: datetime, *, with_worker: bool = True
     ) -> list[Message]:
-        """The message for a task that just resolved, then the dependents it makes pending. The
-        resolution also waits for the dependency resolver, which may later publish
-        ``task-group-resolved`` (see :meth:`resolve_groups`)."""
-        self._resolutions.append(task.task_group_id)
-        out = [msg.task_resolved(task, run, with_worker=with_worker)]
-        for dependent_id in self._dependents.get(task.task_id, []):
-            dependent = self.tasks.get(dependent_id)
-            if dependent is None or dependent.state != "unscheduled" or when >= dependent.deadline:
-                continue
-            if self._ready(dependent):
-                out.append(msg.task_pending(dependent, self.new_run(dependent, "scheduled", when)))
-        return out
+        """The message for a task that just resolved. The resolution waits for the dependency
+        resolver, which schedules the dependents it unblocks and may publish
+        ``task-group-resolved`` (see :meth:`resolve_dependencies`), as the real queue's does."""
+        self._resolutions.append((task.task_id, task.task_group_id, task.state))
+        return [msg.task_resolved(task, run, with_worker=with_worker)]
 
     def issue(self, task: Task, run: Run, now: datetime) -> dict[str, str]:
         """New temporary credentials for the claimed ``run``, remembered for later checks."""

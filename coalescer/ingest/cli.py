@@ -212,7 +212,7 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
         consumer = Consumer(
             settings,
             store,
-            Observer(store),
+            Observer(store, retention=settings.retention),
             queue=args.queue,
             declare_exchanges=args.declare_exchanges,
             batch_size=args.batch,
@@ -249,7 +249,9 @@ async def _reconcile_async(args: argparse.Namespace, settings: Settings) -> int:
     try:
         async with taskcluster.aio.createSession() as session:
             options: dict[str, Any] = {"rootUrl": settings.taskcluster_root_url, "maxRetries": 3}
-            if creds := queue_credentials():  # the listings need scopes (see the README)
+            if (
+                creds := queue_credentials()
+            ):  # the listings need scopes (docs/how-to/recover-store.md)
                 options["credentials"] = creds
             queue = taskcluster.aio.Queue(options, session=session)
             while True:

@@ -268,7 +268,12 @@ class Consumer:
             )
         await self._settle(batch, outcomes)
         # Counting never holds or loses events: the observer keeps what it could not write.
-        await self.observer.ingest("pulse", outcomes, [d.exchange or "" for d in batch])
+        await self.observer.ingest(
+            "pulse",
+            outcomes,
+            [d.exchange or "" for d in batch],
+            applied=[ev for ev, i in zip(events, slots, strict=True) if outcomes[i] == "applied"],
+        )
         return outcomes
 
     async def _apply(self, events: list[TaskEvent]) -> list[str]:

@@ -8,7 +8,7 @@
 * :mod:`~coalescer.policy.cli` — ``coalescer enforce`` and ``coalescer policy check``.
 
 The decisions themselves are taken in Redis, atomically with the event they follow
-(``coalescer/store/scripts/decide.lua``); see the README, "Superseding policies".
+(``coalescer/store/scripts/decide.lua``); see ``docs/reference/policy-file.md``.
 """
 
 from __future__ import annotations

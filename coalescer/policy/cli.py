@@ -52,18 +52,22 @@ def register(sub: Any) -> None:
     check = sub.add_parser("policy", help="superseding policy tools")
     tools = check.add_subparsers(dest="policy_command", required=True, metavar="TOOL")
     c = tools.add_parser("check", help="validate a policy file and show its rules")
-    c.add_argument("file")
-    c.add_argument("--key", action="append", default=[], help="show which rule a key gets")
+    c.add_argument("file", help="the policy file: YAML, or TOML when it ends in .toml")
+    c.add_argument(
+        "--key", action="append", default=[], metavar="KEY", help="show which rule KEY gets"
+    )
     c.set_defaults(handler=_check)
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> int:
+    from coalescer.model import check_key
     from coalescer.policy.rules import describe, load
 
-    policy = load(args.file)
+    policy = load(args.file, named_by="policy file")
+    keys = [check_key(key) for key in args.key]
     for line in describe(policy) or ["no rules: every key keeps on-claim"]:
         print(line)
-    for key in args.key:
+    for key in keys:
         rule = policy.rule_for(key)
         print(f"{key}: {rule.name} ({rule.strategy})")
     return 0

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from coalescer import keyset
+from coalescer.model import format_time_ms
 from coalescer.policy.rules import Policy
 from coalescer.store import Store
 from coalescer.store import keyset as stored
@@ -40,7 +41,7 @@ def _decision_json(d: records.Decision, task_id: str) -> dict[str, Any]:
         "key": d.key,
         "rule": d.rule,
         "reason": d.reason,
-        "at": d.at_ms / 1000,
+        "at": format_time_ms(d.at_ms),
         "action": d.action,
         "state": d.state,
         "resolution": {"as": d.resolved_as, "why": d.resolved_why} if d.resolved_as else None,
@@ -115,6 +116,6 @@ async def stats(store: Store, policy: Policy | None) -> list[dict[str, Any]]:
         for rule, c in sorted(per_rule.items()):
             row: dict[str, Any] = {"key": key, "rule": rule}
             row |= {k: v for k, v in c.items() if k != "saved_ms"}
-            row["savedSeconds"] = c.get("saved_ms", 0) / 1000
+            row["savedMs"] = int(c.get("saved_ms", 0))
             out.append(row)
     return out

@@ -202,8 +202,9 @@ def _rule(item: Any, where: str, number: int) -> Rule:
     if strategy is Strategy.ON_CLAIM:
         given = sorted(set(item) & _DECIDING_ONLY)
         if given:
+            verb = "applies" if len(given) == 1 else "apply"
             raise ConfigError(
-                f"{where}: {', '.join(given)} only apply to latest-wins and first-wins; "
+                f"{where}: {', '.join(given)} only {verb} to latest-wins and first-wins; "
                 "an on-claim key's worker passes age/size in its supersederUrl"
             )
     name = item.get("name", f"rule-{number}")
@@ -280,13 +281,17 @@ def loads(text: str, source: str, *, toml: bool) -> Policy:
     return parse(doc, source)
 
 
-def load(path: str | Path) -> Policy:
-    """Read and validate a policy file (``.toml`` is TOML, anything else YAML)."""
+def load(path: str | Path, *, named_by: str = "COALESCER_POLICY_FILE") -> Policy:
+    """Read and validate a policy file (``.toml`` is TOML, anything else YAML). ``named_by``
+    says where the path came from, for the message when it cannot be read."""
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"COALESCER_POLICY_FILE {str(path)!r} cannot be read: {exc}") from None
+    except FileNotFoundError:
+        raise ConfigError(f"{named_by} {str(path)!r} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"{named_by} {str(path)!r} cannot be read: {why}") from None
     return loads(text, str(path), toml=file.suffix.lower() == ".toml")
 
 

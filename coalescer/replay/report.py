@@ -146,7 +146,12 @@ def _grid(rows: Sequence[Sequence[str]]) -> str:
 
 
 _env = jinja2.Environment(
-    loader=jinja2.PackageLoader("coalescer.replay", "templates"),
+    loader=jinja2.ChoiceLoader(
+        [
+            jinja2.PackageLoader("coalescer.replay", "templates"),
+            jinja2.PackageLoader("coalescer", "templates"),  # charts.html
+        ]
+    ),
     autoescape=True,
     trim_blocks=True,
     lstrip_blocks=True,

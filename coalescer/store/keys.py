@@ -31,6 +31,8 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 * ``co:{K}:vn`` hash   victim taskId → ``run|how|why``: how the enforcer ended that run
   (``completed``, ``exception/superseded``, ``canceled``, ``released``) and why;
 * ``co:{K}:lease``     string: the enforcer working on the key, with a TTL.
+* ``co:{K}:hist`` hash  the key's history ring for its page's charts (pending tasks over time;
+  see ``coalescer/history.py`` and ``history.lua``): fixed size, expires with the retention.
 
 Outside any key's slot: ``co:keys`` (zset, key → last activity ms), ``co:stats`` (hash),
 ``co:outbox`` (zset, key → last time it may have had outbox work), ``co:index`` (hash: the
@@ -42,7 +44,9 @@ tag ``{co:keys}``, so that one script can write both zsets):
   period): the sweeper forgets a key from both zsets once that has passed;
 * ``{co:keys}:census`` hash   the index's totals (keys with pending tasks, pending tasks, the
   oldest wait), counted in the background for ``/metrics`` and ``/v1/stats``;
-* ``{co:keys}:lease``  string the process doing that upkeep round, with a TTL.
+* ``{co:keys}:lease``  string the process doing that upkeep round, with a TTL;
+* ``{co:keys}:history`` hash  the history ring over every key, for the overview's charts
+  (pending, superseded, worker time saved, answers): fixed size, expires with the retention.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ PROBE = "co:probe"
 KEYS_EXPIRY = "{co:keys}:expiry"
 CENSUS = "{co:keys}:census"
 UPKEEP_LEASE = "{co:keys}:lease"
+HISTORY = "{co:keys}:history"
 #: The consumer group of every outbox stream.
 OUTBOX_GROUP = "enforce"
 
@@ -96,6 +101,10 @@ def settled(key: str) -> tuple[str, str, str, str, str, str, str, str, str]:
     tag = f"co:{{{key}}}:"
     v, vp, vx, _, _, o, h, m, rd = policy(key)
     return (v, vp, vx, o, h, m, rd, tag + "df", tag + "vn")
+
+
+def history(key: str) -> str:
+    return f"co:{{{key}}}:hist"
 
 
 def lease(key: str) -> str:

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coalescer.store import keys
-
-if TYPE_CHECKING:
-    from coalescer.store.redis import Store
+from coalescer.store.base import Pipelining
 
 
 def _text(value: Any) -> str:
@@ -50,13 +48,13 @@ def parse_decision(key: str, task_id: str, record: str, note: str = "") -> Decis
     )
 
 
-async def decision(store: Store, key: str, victim: str) -> Decision | None:
+async def decision(store: Pipelining, key: str, victim: str) -> Decision | None:
     (raw,) = await store._pipeline(lambda pipe: pipe.hget(keys.policy(key)[0], victim))
     return None if raw is None else parse_decision(key, victim, _text(raw))
 
 
 async def lineage(
-    store: Store, names: Sequence[str], task_id: str
+    store: Pipelining, names: Sequence[str], task_id: str
 ) -> tuple[list[Decision], list[Decision]]:
     """Under ``names``: the decisions that superseded ``task_id``, and those it took as the
     primary (what it superseded), in one round trip per step."""
@@ -101,7 +99,7 @@ async def lineage(
     return mine, theirs
 
 
-async def definitions(store: Store, key: str, task_ids: Sequence[str]) -> dict[str, str]:
+async def definitions(store: Pipelining, key: str, task_ids: Sequence[str]) -> dict[str, str]:
     """The task definitions (JSON) the enforcer kept for victims, by taskId."""
     if not task_ids:
         return {}
@@ -110,7 +108,7 @@ async def definitions(store: Store, key: str, task_ids: Sequence[str]) -> dict[s
     return {t: _text(d) for t, d in zip(task_ids, raw, strict=True) if d is not None}
 
 
-async def counters(store: Store, names: Sequence[str]) -> dict[str, dict[str, int]]:
+async def counters(store: Pipelining, names: Sequence[str]) -> dict[str, dict[str, int]]:
     """Per key, its ``<rule>|<state>`` and ``<rule>|saved_ms`` counters."""
     if not names:
         return {}

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Literal, TypeVar, cast
 
@@ -26,6 +26,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from coalescer import keyset, model
 from coalescer.errors import StoreError, StoreRejected, StoreUnavailable
+from coalescer.history import Retention, Slot
+from coalescer.store import history as stored_history
 from coalescer.store import keys, views
 from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
@@ -50,6 +52,7 @@ _SCRIPTS = (
     "marker",
     "list",
     "unlist",
+    "history",
 )
 #: How many resolutions and answers each key remembers for the pages.
 LOG_LENGTH = 50
@@ -303,18 +306,39 @@ class Store:
             raise StoreUnavailable(str(first), reason=first.reason, outcomes=done)
         raise errors[0]
 
-    async def count(self, counters: dict[str, int]) -> None:
-        """Add to the service-wide counters shown by ``/v1/stats``."""
+    async def count(
+        self,
+        counters: dict[str, int],
+        *,
+        history: Mapping[Slot, int] | None = None,
+        retention: Retention | None = None,
+    ) -> None:
+        """Add to the service-wide counters shown by ``/v1/stats`` and, in the same round
+        trip, to the buckets of the history over every key (:mod:`coalescer.history`)."""
         counters = {k: v for k, v in counters.items() if v}
-        if counters:
-            await self._pipeline(
-                lambda pipe: [pipe.hincrby(keys.STATS, k, v) for k, v in counters.items()]
-            )
 
-    async def remember_answers(self, answers: Sequence[views.GivenAnswer]) -> None:
+        def fill(pipe: Any) -> None:
+            for k, v in counters.items():
+                pipe.hincrby(keys.STATS, k, v)
+            if history and retention is not None:
+                stored_history.queue(
+                    self, pipe, keys.HISTORY, stored_history.added(history), retention
+                )
+
+        if counters or history:
+            await self._pipeline(fill)
+
+    async def remember_answers(
+        self,
+        answers: Sequence[views.GivenAnswer],
+        *,
+        history: Mapping[Slot, int] | None = None,
+        retention: Retention | None = None,
+    ) -> None:
         """Log ``(key, initial, answer, reason, at_ms)`` answers for the pages, in one round
         trip; only the newest :data:`LOG_LENGTH` per key are kept, so only those are sent.
-        Each listed task also gets a record of the newest answer that listed it (task page)."""
+        Each listed task also gets a record of the newest answer that listed it (task page).
+        ``history`` counts are added to the history over every key in the same round trip."""
         per_task = views.answer_records(reversed(answers))
         per_key: dict[str, list[str]] = {}
         for key, initial, answer, reason, at_ms in reversed(answers):
@@ -339,8 +363,12 @@ class Store:
                     views.ANSWERED_TTL_MS,
                     *args,
                 )
+            if history and retention is not None:
+                stored_history.queue(
+                    self, pipe, keys.HISTORY, stored_history.added(history), retention
+                )
 
-        if per_key:
+        if per_key or history:
             await self._pipeline(fill)
 
     # -- reads ------------------------------------------------------------------------------

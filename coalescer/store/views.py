@@ -14,6 +14,7 @@ from typing import Any
 
 from coalescer.store import keys
 from coalescer.store.base import Pipelining
+from coalescer.store.lineage import parse_decision
 
 #: ``(key, initial taskId, answer, reason, at_ms)``: one answer the service gave, as buffered.
 GivenAnswer = tuple[str, str, tuple[str, ...], str, int]
@@ -96,6 +97,9 @@ class KeyView:
     pending: list[TaskRecord]
     answers: list[Answer]
     resolutions: list[Resolution]
+    #: For superseded resolutions: the task that superseded each, as far as the service knows
+    #: (see :func:`superseders`).
+    superseded_by: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -203,7 +207,8 @@ async def summaries(
 
 
 async def key_view(store: Pipelining, key: str, *, now_ms: int, limit: int = 1000) -> KeyView:
-    """A key's pending tasks, recent answers and resolutions, in one round trip."""
+    """A key's pending tasks, recent answers and resolutions, in one round trip (two when
+    some resolutions are ``superseded``: what superseded them)."""
 
     def fill(pipe: Any) -> None:
         store._eval(pipe, "inspect", keys.group(key)[:4], now_ms, limit)
@@ -217,14 +222,39 @@ async def key_view(store: Pipelining, key: str, *, now_ms: int, limit: int = 100
         parse_record(items[i], items[i + 1]) for i in range(0, len(items), 2) if items[i + 1]
     ]
     answers = [a for a in map(parse_answer, map(_text, log)) if a is not None]
-    resolutions = [r for r in map(parse_resolution, map(_text, res)) if r is not None]
+    resolutions = dedupe(r for r in map(parse_resolution, map(_text, res)) if r is not None)
+    victims = sorted({r.task_id for r in resolutions if r.reason == "superseded"})
     return KeyView(
         key,
         None if activity is None else int(activity),
         pending,
         answers,
-        dedupe(resolutions),
+        resolutions,
+        await superseders(store, key, victims),
     )
+
+
+async def superseders(store: Pipelining, key: str, task_ids: Sequence[str]) -> dict[str, str]:
+    """The task that superseded each of ``task_ids`` under ``key``, in one round trip: the
+    primary a superseding policy recorded (exact), else the newest task of the newest answer
+    that listed it (the task its worker ran, unless it could not claim that one)."""
+    if not task_ids:
+        return {}
+
+    def fill(pipe: Any) -> None:
+        pipe.hmget(keys.policy(key)[0], task_ids)
+        pipe.hmget(keys.answered(key)[0], task_ids)
+
+    decided, listed = await store._pipeline(fill)
+    out: dict[str, str] = {}
+    for task_id, decision, listing in zip(task_ids, decided, listed, strict=True):
+        if decision is not None:
+            out[task_id] = parse_decision(key, task_id, _text(decision)).by
+        elif listing is not None:
+            newest = parse_listing(_text(listing)).newest
+            if newest != task_id:
+                out[task_id] = newest
+    return out
 
 
 async def task_view(store: Pipelining, task_id: str, names: Sequence[str]) -> list[TaskUnderKey]:

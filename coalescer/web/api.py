@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from coalescer import __version__, keyset, model
 from coalescer.errors import InvalidInput
 from coalescer.health import Health
+from coalescer.observe import STAT_COUNTERS
 from coalescer.store import Store
 from coalescer.store import keyset as stored
 from coalescer.web import pages
@@ -145,8 +146,8 @@ async def _listing(request: Request) -> Response:
                     "taskId": t.task_id,
                     "runId": t.run_id,
                     "order": t.order,
-                    "pendingSince": t.since_ms / 1000,
-                    "deadline": t.deadline_ms / 1000,
+                    "pendingSince": model.format_time_ms(t.since_ms),
+                    "deadline": model.format_time_ms(t.deadline_ms),
                 }
                 for t in tasks
             ],
@@ -221,19 +222,22 @@ async def compat_keys(request: Request) -> Response:
 
 
 async def compat_stats(request: Request) -> Response:
-    """tc-coalesce's ``GET /v1/stats``: string counters, plus ours. ``pending_count`` and
-    ``coalesced_lists`` are the index's totals as last counted (``index_counted_at``); they
-    are missing until a large index has been counted once."""
+    """tc-coalesce's ``GET /v1/stats``: string counters, plus ours, every one always present
+    (``"0"`` until counted). ``pending_count`` and ``coalesced_lists`` are the index's totals as
+    last counted (at ``index_counted_at``); all three are ``null`` until a large index has been
+    counted once."""
     store = _store(request)
-    stats = await store.stats()
+    stats: dict[str, str | None] = dict.fromkeys(STAT_COUNTERS, "0")
+    stats.update(await store.stats())
     now_ms = int(time.time() * 1000)
     totals = await stored.totals(store, now_ms=now_ms)
     stats["keys"] = str(totals.keys)
-    if totals.counted_ms is not None:
-        stats["pending_count"] = str(totals.pending)
-        stats["coalesced_lists"] = str(totals.with_pending)
-        stats["index_counted_at"] = str(totals.counted_ms / 1000)
-    stats.setdefault("total_msgs_handled", "0")
+    counted = totals.counted_ms is not None
+    stats["pending_count"] = str(totals.pending) if counted else None
+    stats["coalesced_lists"] = str(totals.with_pending) if counted else None
+    stats["index_counted_at"] = (
+        model.format_time_ms(totals.counted_ms) if totals.counted_ms is not None else None
+    )
     return JSON(stats)
 
 

@@ -166,7 +166,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             grace_seconds=settings.grace_seconds,
             query_timeout=settings.query_timeout,
         )
-        app.state.observer = Observer(app.state.store)
+        app.state.observer = Observer(app.state.store, retention=settings.retention)
         if settings.record_file is not None:  # appends what POST /v1/events and Pulse apply
             app.state.recorder = Recorder(settings.record_file, settings.record_max_bytes)
         if settings.taskcluster_root_url is not None:  # learns unknown tasks from the queue
@@ -180,7 +180,11 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             "watch-store", WATCH_SECONDS, partial(watch_store, app.state.store, app.state.health)
         )
         # Forgets keys whose tasks have all expired; counts the index for /metrics.
-        supervisor.every("upkeep", upkeep.EVERY, upkeep.rounds(app.state.store))
+        supervisor.every(
+            "upkeep",
+            upkeep.EVERY,
+            upkeep.rounds(app.state.store, retention=settings.retention),
+        )
         listener = None
         if settings.pulse_url is not None and settings.redis_url is None:
             # Embedded store: the Pulse consumer must live in this process to share it.
@@ -264,5 +268,5 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     app.state.recorder = None  # set by the lifespan when COALESCER_RECORD_FILE is
     if store is not None:  # usable without running the lifespan (ASGITransport tests)
         app.state.store = store
-        app.state.observer = Observer(store)
+        app.state.observer = Observer(store, retention=settings.retention)
     return app

@@ -138,5 +138,10 @@ async def post_events(request: Request) -> Response:
     for i, event, outcome in zip(slots, events, outcomes, strict=True):
         results[i] = {"status": outcome, "taskId": event.task_id}
     exchanges = [str(d.get("exchange", "")) if isinstance(d, dict) else "" for d in docs]
-    await request.app.state.observer.ingest("http", [r["status"] for r in results], exchanges)
+    await request.app.state.observer.ingest(
+        "http",
+        [r["status"] for r in results],
+        exchanges,
+        applied=[ev for ev, outcome in zip(events, outcomes, strict=True) if outcome == "applied"],
+    )
     return JSON({"results": results})

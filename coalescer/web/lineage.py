@@ -81,9 +81,9 @@ class _PolicyCounters(Collector):
         )
         for row in self.rows:
             for outcome, n in row.items():
-                if outcome not in ("key", "rule", "savedSeconds"):
+                if outcome not in ("key", "rule", "savedMs"):
                     tasks.add_metric([row["key"], row["rule"], outcome], n)
-            saved.add_metric([row["key"], row["rule"]], row["savedSeconds"])
+            saved.add_metric([row["key"], row["rule"]], row["savedMs"] / 1000)
         yield tasks
         yield saved
 

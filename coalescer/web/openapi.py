@@ -238,7 +238,7 @@ def document() -> dict[str, Any]:
                 "get": _op(
                     "Superseding lineage (policies that decide on arrival): what superseded "
                     "the task, the chain to its final primary, and what it superseded",
-                    {"200": _json({"type": "object"}, "The lineage"), **_errors(400, 404, 503)},
+                    {"200": _json(_ref("Lineage"), "The lineage"), **_errors(400, 404, 503)},
                     parameters=[_TASK_PARAM],
                 )
             },
@@ -256,7 +256,7 @@ def document() -> dict[str, Any]:
             "/v1/policy": {
                 "get": _op(
                     "The superseding rules in force and, per key and rule, what they superseded",
-                    {"200": _json({"type": "object"}, "OK"), **_errors(503)},
+                    {"200": _json(_ref("PolicyStats"), "OK"), **_errors(503)},
                 )
             },
             "/v1/docker-worker/{key}": {
@@ -306,13 +306,8 @@ def document() -> dict[str, Any]:
             },
             "/v1/stats": {
                 "get": _op(
-                    "tc-coalesce: counters, as strings",
-                    {
-                        "200": _json(
-                            {"type": "object", "additionalProperties": {"type": "string"}}, "OK"
-                        ),
-                        **_errors(503),
-                    },
+                    "tc-coalesce: counters, as strings, every one always present",
+                    {"200": _json(_ref("Stats"), "OK"), **_errors(503)},
                 )
             },
             "/v1/ping": {"get": _op("tc-coalesce: alive", {"200": any_json})},

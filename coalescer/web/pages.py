@@ -23,11 +23,16 @@ from coalescer import keyset, model
 from coalescer.errors import InvalidInput
 from coalescer.store import Store, views
 from coalescer.store import keyset as stored
-from coalescer.web import lineage
+from coalescer.web import activity, lineage
 from coalescer.web.responses import JSON, error, wants_html
 
 _ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("coalescer.web", "templates"),
+    loader=jinja2.ChoiceLoader(
+        [
+            jinja2.PackageLoader("coalescer.web", "templates"),
+            jinja2.PackageLoader("coalescer", "templates"),  # charts.html
+        ]
+    ),
     autoescape=jinja2.select_autoescape(["html"]),
     trim_blocks=True,
     lstrip_blocks=True,
@@ -46,10 +51,12 @@ def _span(seconds: int) -> str:
     return f"{seconds // 86400}d {seconds % 86400 // 3600:02d}h"
 
 
-def ago(ms: int | float | None, now_ms: float | None = None) -> str:
-    """``1h 02m``-style time since a millisecond timestamp."""
+def ago(ms: int | float | str | None, now_ms: float | None = None) -> str:
+    """``1h 02m``-style time since a millisecond timestamp or an API date-time string."""
     if ms is None:
         return "—"
+    if isinstance(ms, str):
+        ms = model.parse_time_ms(ms)
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     return _span(max(0, int((now_ms - ms) / 1000)))
 
@@ -69,13 +76,22 @@ def utc(ms: int | float | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def iso(ms: int | float | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+def order_text(order: float, rank_tag: str | None = None) -> str:
+    """A task's place in its key, as the person reading the page thinks of it: the value of
+    the task tag it comes from (``COALESCER_RANK_TAG``), else the time its first run was
+    scheduled, in UTC to the millisecond."""
+    if rank_tag is not None:
+        return f"{rank_tag} {order:g}"
+    try:
+        when = datetime.fromtimestamp(order / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"{order:g}"
+    return (
+        "scheduled " + when.strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d} UTC"
+    )
 
 
-_ENV.filters.update(ago=ago, until=until, utc=utc)
+_ENV.filters.update(ago=ago, until=until, utc=utc, order=order_text)
 
 
 def _style_source() -> str:
@@ -152,6 +168,7 @@ async def overview(request: Request) -> Response:
         next_page = f"?page={page + 1}" if more else None
     rows = await views.summaries(store, found, now_ms=now_ms)
     totals = await stored.totals(store, now_ms=now_ms)
+    retention = request.app.state.settings.retention
     if not wants_html(request):
         return JSON(
             {
@@ -162,9 +179,11 @@ async def overview(request: Request) -> Response:
                 "keys": [
                     {
                         "key": r.key,
-                        "activity_ms": r.activity_ms,
+                        "lastActivity": model.format_time_ms(r.activity_ms),
                         "pending": r.pending,
-                        "oldest_pending_ms": r.oldest_since_ms,
+                        "oldestPendingSince": None
+                        if r.oldest_since_ms is None
+                        else model.format_time_ms(r.oldest_since_ms),
                     }
                     for r in rows
                 ],
@@ -179,6 +198,7 @@ async def overview(request: Request) -> Response:
         first=(page - 1) * keyset.PAGE_SIZE,
         next_page=next_page,
         totals=totals,
+        charts=[] if query else await activity.for_overview(store, retention, now_ms),
         now_ms=now_ms,
         refresh=REFRESH,
     )
@@ -186,8 +206,12 @@ async def overview(request: Request) -> Response:
 
 async def key_page(request: Request, key: str) -> Response:
     now_ms = int(time.time() * 1000)
-    view = await views.key_view(_store(request), key, now_ms=now_ms)
-    return render(request, "key.html", key=key, view=view, now_ms=now_ms, refresh=REFRESH)
+    store = _store(request)
+    view = await views.key_view(store, key, now_ms=now_ms)
+    chart = await activity.for_key(store, request.app.state.settings.retention, key, now_ms)
+    return render(
+        request, "key.html", key=key, view=view, chart=chart, now_ms=now_ms, refresh=REFRESH
+    )
 
 
 def explain(task_id: str, under: views.TaskUnderKey) -> dict[str, Any]:
@@ -203,8 +227,8 @@ def explain(task_id: str, under: views.TaskUnderKey) -> dict[str, Any]:
             state=record.state,
             reason=record.reason or None,
             order=record.order,
-            deadline=iso(record.deadline_ms),
-            pendingSince=iso(record.since_ms),
+            deadline=model.format_time_ms(record.deadline_ms),
+            pendingSince=model.format_time_ms(record.since_ms),
         )
     doc["listing"] = None
     doc["supersededBy"] = None
@@ -212,7 +236,7 @@ def explain(task_id: str, under: views.TaskUnderKey) -> dict[str, Any]:
     if listing is None:
         return doc
     doc["listing"] = {
-        "at": iso(listing.at_ms),
+        "at": model.format_time_ms(listing.at_ms),
         "initial": listing.initial,
         "reason": listing.reason,
         "position": listing.position,
@@ -274,6 +298,7 @@ async def task_page(request: Request) -> Response:
         request,
         "task.html",
         task_id=task_id,
+        crumb_key=hint,
         entries=list(zip(keys, found, strict=True)),
         now_ms=int(time.time() * 1000),
         refresh=REFRESH,

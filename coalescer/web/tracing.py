@@ -78,19 +78,16 @@ class RequestId:
                 if status >= 400 or not quiet
                 else logging.DEBUG
             )
-            log.log(
-                level,
-                "%s %s %d",
-                scope.get("method", ""),
-                path,
-                status,
-                extra={
-                    "method": scope.get("method", ""),
-                    "path": path,
-                    "status": status,
-                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-                },
-            )
+            extra = {
+                "method": scope.get("method", ""),
+                "path": path,
+                "status": status,
+                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+            }
+            if query := scope.get("query_string", b""):
+                extra["query"] = query.decode("latin-1")
+            # Long paths and queries are clipped by the log handler (coalescer.logs.ClipLong).
+            log.log(level, "%s %s %d", scope.get("method", ""), path, status, extra=extra)
             REQUEST_ID.reset(token)
 
 

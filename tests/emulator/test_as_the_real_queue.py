@@ -1,6 +1,7 @@
 """Where the current queue's behaviour is not what its documentation suggests, the emulator does
-what the queue does: the task-defined status, when task-group-resolved is published, the order of
-a task group's listing, the payload echoed in an error, and when a deadline is acted on.
+what the queue does: the task-defined status, when dependents are scheduled and task-group-resolved
+is published, the order of a task group's listing, the payload echoed in an error, and when a
+deadline is acted on.
 
 The background work (claim expiry, deadlines, the dependency resolver) runs here only when the
 test advances the clock, so what happens between two background passes is deterministic.
@@ -146,3 +147,84 @@ def test_an_unresolved_task_is_resolved_deadline_delay_after_its_deadline(
     )
     assert kinds(em, task_id)[-1] == "task-exception"
     assert status["runs"][0]["workerId"] == WORKER["workerId"]
+
+
+def _resolve(em: QueueEmulator, queue: CheckedQueue, task_id: str, how: str) -> None:
+    """Resolve ``task_id`` the way ``how`` says, as a worker or a scheduler would."""
+    if how == "canceled":
+        queue.cancelTask(task_id)
+        return
+    worker = as_worker(em, claim_one(em, queue, task_id))
+    if how == "completed":
+        worker.reportCompleted(task_id, 0)
+    elif how == "failed":
+        worker.reportFailed(task_id, 0)
+    else:
+        worker.reportException(task_id, 0, {"reason": how})
+
+
+@pytest.mark.parametrize(
+    ("how", "requires"),
+    [
+        ("completed", "all-completed"),
+        ("failed", "all-resolved"),
+        ("malformed-payload", "all-resolved"),
+        ("canceled", "all-resolved"),
+    ],
+)
+def test_dependents_are_scheduled_by_the_dependency_resolver_not_by_the_resolving_call(
+    em: QueueEmulator, queue: CheckedQueue, how: str, requires: str
+) -> None:
+    first = em.create_task()
+    second = em.create_task(dependencies=[first], requires=requires)
+    _resolve(em, queue, first, how)
+    # The real queue hands the resolution to its dependency resolver, which runs apart from the
+    # API: the call's answer, and the state right after it, do not show the dependent scheduled.
+    assert queue.status(second)["status"]["state"] == "unscheduled"
+    assert kinds(em, second) == ["task-defined"]
+    background(em)
+    status = queue.status(second)["status"]
+    assert (status["state"], status["runs"][0]["reasonCreated"]) == ("pending", "scheduled")
+    [pending] = em.messages("task-pending", second)
+    resolution = em.messages(task_id=first)[-1]
+    assert em.published.index(pending) > em.published.index(resolution)
+
+
+def test_a_dependency_once_satisfied_stays_satisfied_when_it_is_rerun(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    first, other = em.create_task(), em.create_task()
+    waiting = em.create_task(dependencies=[first, other])
+    _resolve(em, queue, first, "completed")
+    background(em)
+    assert queue.status(waiting)["status"]["state"] == "unscheduled"  # `other` still blocks
+    queue.rerunTask(first)  # pending again, but its requirement was met once and for all
+    _resolve(em, queue, other, "completed")
+    background(em)
+    assert queue.status(waiting)["status"]["state"] == "pending"
+    assert queue.status(first)["status"]["state"] == "pending"
+
+
+def test_a_dependent_canceled_before_the_resolver_looks_is_not_scheduled(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    first = em.create_task()
+    second = em.create_task(dependencies=[first])
+    _resolve(em, queue, first, "completed")
+    queue.cancelTask(second)
+    background(em)
+    runs = queue.status(second)["status"]["runs"]
+    assert [(r["reasonCreated"], r["reasonResolved"]) for r in runs] == [("exception", "canceled")]
+    assert kinds(em, second) == ["task-defined", "task-exception"]
+
+
+def test_a_dependent_the_resolver_schedules_keeps_its_group_unresolved(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    group = taskcluster.slugid.nice()
+    first = em.create_task(taskGroupId=group)
+    second = em.create_task(taskGroupId=group, dependencies=[first])
+    _resolve(em, queue, first, "completed")
+    background(em)
+    assert queue.status(second)["status"]["state"] == "pending"
+    assert group_resolved(em, group) == []  # the dependent was scheduled before the check

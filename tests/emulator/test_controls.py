@@ -100,3 +100,18 @@ def test_expiry_is_also_applied_in_the_background_without_requests(
         lambda: [m for m in em.messages("task-pending", task_id) if m["payload"]["runId"]]
     )
     assert retried[0]["payload"]["status"]["runs"][0]["reasonResolved"] == "claim-expired"
+
+
+def test_a_task_page_stands_in_for_the_taskcluster_ui(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    task_id = em.create_task(retries=0)
+    claim = claim_one(em, queue, task_id)
+    assert claim["runId"] == 0
+    with httpx.Client(base_url=em.root_url) as http:
+        page = http.get(f"/tasks/{task_id}")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert task_id in page.text and "<td>running</td>" in page.text
+        assert f'href="/api/queue/v1/task/{task_id}/status"' in page.text
+        missing = http.get("/tasks/nOtAtAsKiDaTaLl12345678")
+        assert missing.status_code == 404 and "does not exist" in missing.text

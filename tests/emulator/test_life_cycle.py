@@ -75,6 +75,7 @@ def test_a_task_waits_unscheduled_until_its_dependencies_complete(
 
     claim = claim_one(em, queue, first)
     as_worker(em, claim).reportCompleted(first, 0)
+    em.clock.advance(0)  # the dependency resolver's pass (in the background, every tick)
     assert queue.status(second)["status"]["state"] == "pending"
     assert kinds(em, second) == ["task-defined", "task-pending"]
 
@@ -85,6 +86,7 @@ def test_all_completed_dependents_stay_unscheduled_after_a_failure_until_their_d
     first = em.create_task()
     second = em.create_task(dependencies=[first])
     as_worker(em, claim_one(em, queue, first)).reportFailed(first, 0)
+    em.clock.advance(0)  # the dependency resolver's pass
     assert queue.status(second)["status"]["state"] == "unscheduled"
     em.clock.advance(3600 + DEADLINE_DELAY)  # past the deadline, when the resolver acts
     status = queue.status(second)["status"]
@@ -100,6 +102,7 @@ def test_all_resolved_dependents_run_after_any_resolution(
     second = em.create_task(dependencies=[first], requires="all-resolved")
     claim = claim_one(em, queue, first)
     as_worker(em, claim).reportException(first, 0, {"reason": "malformed-payload"})
+    em.clock.advance(0)  # the dependency resolver's pass
     assert queue.status(second)["status"]["state"] == "pending"
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from coalescer import keyset
 from coalescer.settings import Settings
 from coalescer.store import Store
 from coalescer.web.app import create_app
@@ -121,6 +123,14 @@ async def test_key_without_task_id_lists_pending_as_json_or_html(
     await post(client, *(message(t, scheduled=at(i)) for i, t in enumerate((a, b))))
     doc = (await client.get("/k")).json()
     assert [t["taskId"] for t in doc["pending"]] == [a, b]
+    # Instants as the queue writes them; order: the first run's scheduled time in ms.
+    assert doc["pending"][1] == {
+        "taskId": b,
+        "runId": 0,
+        "order": 1893456060000,
+        "pendingSince": at(1),
+        "deadline": "2030-01-02T00:00:00.000Z",
+    }
     page = await client.get("/k", headers={"Accept": "text/html"})
     assert page.headers["content-type"].startswith("text/html")
     assert a in page.text and b in page.text
@@ -160,8 +170,38 @@ async def test_compat_keys_stats_and_ping(
     assert stats["pending_count"] == "2" and stats["coalesced_lists"] == "2"
     assert stats["total_msgs_handled"] == "2" and stats["events_applied"] == "2"
     assert all(isinstance(v, str) for v in stats.values())
+    assert stats["index_counted_at"].endswith("Z")  # counted now: a small index
     ping = (await client.get("/v1/ping")).json()
     assert ping["alive"] is True and ping["uptime"] >= 0
+
+
+async def test_stats_show_every_counter_even_before_any_event(client: httpx.AsyncClient) -> None:
+    stats = (await client.get("/v1/stats")).json()
+    assert stats == {
+        "total_msgs_handled": "0",
+        "events_applied": "0",
+        "events_stale": "0",
+        "events_ignored": "0",
+        "events_expired": "0",
+        "events_invalid": "0",
+        "events_dead_lettered": "0",
+        "keys": "0",
+        "pending_count": "0",
+        "coalesced_lists": "0",
+        "index_counted_at": stats["index_counted_at"],
+    }
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stats["index_counted_at"])
+
+
+async def test_stats_say_null_for_the_totals_of_an_index_not_yet_counted(
+    client: httpx.AsyncClient, message: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await post(client, message(ids(1)[0]))
+    monkeypatch.setattr(keyset, "COUNT_INLINE", 0)  # a "large" index: counted by upkeep only
+    stats = (await client.get("/v1/stats")).json()
+    assert (stats["keys"], stats["events_applied"]) == ("1", "1")
+    assert stats["pending_count"] is None and stats["coalesced_lists"] is None
+    assert stats["index_counted_at"] is None
 
 
 # -- ingest -----------------------------------------------------------------------------------

@@ -130,3 +130,32 @@ async def test_keys_are_forgotten_and_counted_on_a_cluster(cluster_store: Store)
     assert (tally.with_pending, tally.pending) == (20, 20)
     assert await upkeep.sweep(cluster_store, now_ms=NOW + 2 * 3_600_000 + 1, step=5) == 20
     assert await cluster_store.keys() == []
+
+
+async def test_the_history_and_its_charts_on_a_cluster(
+    cluster_url: str, cluster_store: Store
+) -> None:
+    """The ring over every key lives in the slot of ``{co:keys}``, each key's in its own."""
+    from coalescer import history
+    from coalescer.store import history as stored_history
+
+    retention = history.Retention()
+    names = [f"k{i}" for i in range(10)]
+    await cluster_store.apply([ev(f"t{i}", 1.0, key) for i, key in enumerate(names)], now_ms=NOW)
+    await upkeep.count(cluster_store, now_ms=NOW, step=4, retention=retention)
+    start = retention.start(NOW)
+    await cluster_store.count(
+        {"events_applied": 1}, history={(history.SUPERSEDED, start): 3}, retention=retention
+    )
+    found = await stored_history.read(cluster_store, retention, now_ms=NOW)
+    assert found[history.PENDING].latest == 10 and found[history.SUPERSEDED].total == 3
+    for key in names:
+        keyed = await stored_history.read(cluster_store, retention, now_ms=NOW, key=key)
+        assert keyed[history.PENDING].latest == 1
+
+    settings = Settings.from_environ({"REDIS_URL": cluster_url})
+    app = create_app(settings, cluster_store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        for path in ("/", "/k3"):
+            page = await c.get(path, headers={"Accept": "text/html"})
+            assert page.status_code == 200 and 'data-series="pending"' in page.text

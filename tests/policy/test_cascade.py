@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from coalescer import model
 from coalescer.policy.rules import Policy
 from tests.policy.support import Loop, rule
 from tests.worker.support import NoCancelScope
@@ -43,6 +44,8 @@ async def test_dependents_are_canceled_transitively_before_the_victim_resolves(
     assert lineage["supersededBy"]["runId"] == 0  # the victim's run
     assert lineage["supersededBy"]["action"] == "cascade"
     assert lineage["supersededBy"]["reason"] == f"depends on superseded {old}"
+    assert model.parse_time_ms(lineage["supersededBy"]["at"]) > 0  # an ISO 8601 instant
+    assert lineage["supersededBy"]["at"].endswith("Z")
     assert stats["keys"][0]["cascaded"] == 2 and stats["keys"][0]["superseded"] == 1
 
 

@@ -114,7 +114,7 @@ async def test_worker_time_saved_is_estimated_from_the_key_s_recent_runs(loop: L
         "rule": "rule-1",
         "decided": 1,
         "superseded": 1,
-        "savedSeconds": pytest.approx(200, abs=1),  # the emulator's clock also runs
+        "savedMs": pytest.approx(200_000, abs=1000),  # the emulator's clock also runs
     }
     after = REGISTRY.get_sample_value(
         "coalescer_enforcer_saved_seconds_total", {"key": "k", "rule": "rule-1"}

@@ -70,7 +70,8 @@ def test_a_toml_policy_reads_the_same(tmp_path: Path) -> None:
         ("rules: [{keys: k, strategy: latest}]", "'strategy' is 'latest'; expected one of"),
         ("rules: [{strategy: latest-wins}]", "'keys' (a glob or a list of globs) is required"),
         ("rules: [{keys: k, strategy: latest-wins, cascde: leave}]", "unknown field(s) cascde"),
-        ("rules: [{keys: k, age: 10}]", "age only apply to latest-wins and first-wins"),
+        ("rules: [{keys: k, age: 10}]", "age only applies to latest-wins and first-wins"),
+        ("rules: [{keys: k, age: 10, size: 2}]", "age, size only apply to latest-wins and"),
         ("rules: [{keys: k, strategy: first-wins, age: soon}]", "'age' is 'soon'; expected"),
         ("rules: [{keys: k, strategy: first-wins, size: -1}]", "'size' must be a whole number"),
         ("rules: [{keys: 'a b', strategy: first-wins}]", "key pattern 'a b' may hold"),
@@ -96,8 +97,10 @@ def test_settings_load_the_policy_file_at_start(tmp_path: Path) -> None:
     path.write_text("rules: [{keys: k, strategy: nope}]")
     with pytest.raises(ConfigError, match=r"rule 1 \(keys k\): 'strategy' is 'nope'"):
         Settings.from_environ({"COALESCER_POLICY_FILE": str(path)})
-    with pytest.raises(ConfigError, match="cannot be read"):
+    with pytest.raises(ConfigError, match=r"^COALESCER_POLICY_FILE '.*missing.yaml' not found$"):
         Settings.from_environ({"COALESCER_POLICY_FILE": str(tmp_path / "missing.yaml")})
+    with pytest.raises(ConfigError, match=r"^COALESCER_POLICY_FILE '.*' cannot be read: Is a dir"):
+        Settings.from_environ({"COALESCER_POLICY_FILE": str(tmp_path)})
 
 
 def test_policy_check_prints_the_rules_or_exits_2(
@@ -113,3 +116,22 @@ def test_policy_check_prints_the_rules_or_exits_2(
     path.write_text("rules: [{keys: k, strategy: nope}]")
     assert main(["policy", "check", str(path)]) == 2
     assert "'strategy' is 'nope'" in capsys.readouterr().err
+
+
+def test_policy_check_names_the_file_it_was_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COALESCER_POLICY_FILE", raising=False)
+    missing = str(tmp_path / "nope.yaml")
+    assert main(["policy", "check", missing]) == 2
+    assert capsys.readouterr().err == f"coalescer: policy file {missing!r} not found\n"
+    path = tmp_path / "p.yaml"
+    path.write_text(YAML)
+    binary = tmp_path / "p.bin"
+    binary.write_bytes(b"rules: [\xff]")
+    assert main(["policy", "check", str(binary)]) == 2
+    assert f"policy file {str(binary)!r} cannot be read: 'utf-8' codec" in capsys.readouterr().err
+    assert main(["policy", "check", str(path), "--key", "a b"]) == 1
+    captured = capsys.readouterr()
+    assert "malformed coalescing key 'a b'" in captured.err
+    assert captured.out == ""  # refused before anything is shown

@@ -12,6 +12,7 @@ import redis.exceptions
 from coalescer.errors import ConfigError, StoreRejected, StoreUnavailable
 from coalescer.health import FAILING_AFTER, Health, Supervisor
 from coalescer.logs import Throttled
+from coalescer.model import format_time_ms
 from coalescer.store import IndexState
 from coalescer.store.redis import condition, store_error
 
@@ -117,7 +118,12 @@ async def test_a_failing_periodic_job_is_retried_and_recovers() -> None:
     loop = health.loops["job"]
     assert loop.total_failures == FAILING_AFTER and loop.failures == 0
     assert loop.last_ok is not None and not loop.failing
-    assert health.report()["checks"]["background"] == "ok"
+    report = health.report()
+    assert report["checks"]["background"] == "ok"
+    # An instant, as every instant in the JSON API.
+    assert report["details"]["background"]["job"]["lastOk"] == format_time_ms(
+        int(loop.last_ok * 1000)
+    )
 
 
 async def test_a_crashing_service_is_restarted_and_a_config_error_stops_it() -> None:

@@ -64,3 +64,19 @@ def test_unknown_tasks_are_learned_from_the_queue_unless_turned_off() -> None:
     )
     assert (off.learn_unknown, off.learn_timeout) == (False, 0.5)
     assert Settings.from_environ({"COALESCER_LEARN_UNKNOWN": "yes"}).learn_unknown is True
+
+
+def test_the_history_kept_for_the_charts_is_a_day_of_minutes_unless_set() -> None:
+    from coalescer.history import Retention
+
+    assert Settings.from_environ({}).retention == Retention(60_000, 1440)
+    s = Settings.from_environ(
+        {"COALESCER_HISTORY_BUCKET_SECONDS": "5", "COALESCER_HISTORY_BUCKETS": "720"}
+    )
+    assert s.retention == Retention(5000, 720) and s.retention.span_ms == 3_600_000
+    with pytest.raises(ConfigError, match="COALESCER_HISTORY_BUCKETS must be at least 2"):
+        Settings.from_environ({"COALESCER_HISTORY_BUCKETS": "1"})
+    with pytest.raises(ConfigError, match="COALESCER_HISTORY_BUCKETS must be at most 100000"):
+        Settings.from_environ({"COALESCER_HISTORY_BUCKETS": "100001"})
+    with pytest.raises(ConfigError, match="COALESCER_HISTORY_BUCKET_SECONDS must be at least 1"):
+        Settings.from_environ({"COALESCER_HISTORY_BUCKET_SECONDS": "0"})

@@ -194,3 +194,20 @@ async def test_starlettes_own_404_and_405_say_what(client: httpx.AsyncClient) ->
     assert r.status_code == 404 and "no such endpoint" in r.json()["error"]
     r = await client.delete("/v1/ping")
     assert r.status_code == 405 and "DELETE is not allowed" in r.json()["error"]
+
+
+def test_the_stats_shape_requires_every_documented_counter() -> None:
+    stats = document()["components"]["schemas"]["Stats"]
+    assert set(stats["required"]) == {
+        "total_msgs_handled",
+        "events_applied",
+        "events_stale",
+        "events_ignored",
+        "events_expired",
+        "events_invalid",
+        "events_dead_lettered",
+        "keys",
+        "pending_count",
+        "coalesced_lists",
+        "index_counted_at",
+    }

@@ -28,9 +28,12 @@ async def test_overview_lists_keys_with_pending_count_and_oldest_wait(
     rows = {row["key"]: row for row in doc["keys"]}
     assert doc["total"] == 2
     assert rows["gecko.linux"]["pending"] == 2
-    assert rows["gecko.linux"]["oldest_pending_ms"] == 1893456000000  # at(0)
+    assert rows["gecko.linux"]["oldestPendingSince"] == at(0)
     assert rows["gecko.mac"]["pending"] == 0
-    assert rows["gecko.mac"]["oldest_pending_ms"] is None
+    assert rows["gecko.mac"]["oldestPendingSince"] is None
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rows["gecko.mac"]["lastActivity"]
+    )
 
     page = await client.get("/", headers=HTML)
     assert page.status_code == 200
@@ -101,6 +104,8 @@ async def test_task_page_says_who_superseded_a_task(
     assert under["supersededBy"] == c
     assert under["listing"]["initial"] == b and under["listing"]["count"] == 3
     assert under["newestState"] == "completed"
+    assert under["deadline"] == "2030-01-02T00:00:00.000Z" and under["pendingSince"] == at(0)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", under["listing"]["at"])
 
     page = (await client.get(f"/tasks/{a}", headers=HTML)).text
     assert "<b>Superseded</b>, most likely by" in page

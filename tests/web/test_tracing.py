@@ -20,9 +20,7 @@ from coalescer.web.app import create_app
 def log_lines() -> Iterator[io.StringIO]:
     """What the service logs, formatted as ``coalescer.logs.setup`` does."""
     out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(logs.JSONFormatter())
-    handler.addFilter(logs.RequestContext())
+    handler = logs.make_handler(stream=out)
     root = logging.getLogger()
     level = root.level
     root.addHandler(handler)
@@ -85,3 +83,32 @@ async def test_the_query_path_is_not_traced(client: httpx.AsyncClient) -> None:
     assert r.status_code == 200 and "x-request-id" not in r.headers
     listing = await client.get("/k", headers={"X-Request-Id": "l"})
     assert listing.headers["x-request-id"] == "l"
+
+
+async def test_long_paths_and_queries_are_clipped_in_log_lines(
+    client: httpx.AsyncClient, log_lines: io.StringIO
+) -> None:
+    path = "/" + "k" * 4999
+    r = await client.get(path, params={"age": "1" * 3000}, headers={"X-Request-Id": "long"})
+    assert r.status_code == 400
+    (raw,) = [line for line in log_lines.getvalue().splitlines() if '"long"' in line]
+    assert len(raw) < 2000
+    line = orjson.loads(raw)
+    kept = logs.MAX_VALUE
+    assert line["path"] == path[:kept] + f"…(+{5000 - kept} chars)"
+    assert line["message"] == f"GET {path[:kept]}…(+{5000 - kept} chars) 400"
+    assert str(line["query"]).endswith(f"…(+{len('age=') + 3000 - kept} chars)")
+
+
+def test_a_record_is_clipped_once_whatever_the_number_of_handlers() -> None:
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "%s", ("a" * 300,), None)
+    record.path = "p" * 300
+    for _ in range(2):
+        assert logs.ClipLong().filter(record)
+    assert record.getMessage() == "a" * logs.MAX_VALUE + f"…(+{300 - logs.MAX_VALUE} chars)"
+    assert record.path == "p" * logs.MAX_VALUE + f"…(+{300 - logs.MAX_VALUE} chars)"
+
+
+def test_clip_keeps_short_values_whole() -> None:
+    assert logs.clip("short") == "short"
+    assert logs.clip("x" * 10, limit=4) == "xxxx…(+6 chars)"

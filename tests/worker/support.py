@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -153,23 +153,34 @@ class NoCancelScope:
         raise TaskclusterRestFailure("InsufficientScopes", None, status_code=403)
 
 
+class AioQueues(Protocol):
+    """Where :class:`DockerWorkerRules` gets its queue clients: the emulator, or a real queue."""
+
+    def aio_queue(self, credentials: dict[str, str] | None = None) -> Any: ...
+
+
 @dataclasses.dataclass
 class DockerWorkerRules:
     """docker-worker's superseding, unmodified (the only worker that ever shipped it): the URL
     by string concatenation, 5 s timeout, any error or a list without its own task → alone;
     claims every other listed task's run 0 in parallel, keeps the list order of the claims that
     succeeded, runs ``claims[0]`` and resolves the others exception/``superseded`` after
-    uploading ``public/superseded-by.json``. Returns ``(primary, secondaries)`` taskIds."""
+    uploading ``public/superseded-by.json``. Returns ``(primary, secondaries)`` taskIds. A
+    queue that refuses ``superseded`` (Taskcluster v40 and later) leaves the secondary claimed:
+    ``refused`` maps it to the queue's HTTP status."""
 
-    emulator: QueueEmulator
+    queues: AioQueues
     worker_group: str = "dw"
     worker_id: str = "docker-worker"
+    task_queue_id: str = QUEUE
+    credentials: dict[str, str] = dataclasses.field(default_factory=lambda: WORKER_CREDENTIALS)
+    refused: dict[str, int] = dataclasses.field(default_factory=dict)
 
     async def claim_work(self) -> dict[str, Any]:
-        """One task from ``claimWork`` on the test queue."""
+        """One task from ``claimWork`` on the task queue."""
         me = {"workerGroup": self.worker_group, "workerId": self.worker_id}
-        answer = await self.emulator.aio_queue(WORKER_CREDENTIALS).claimWork(
-            QUEUE, {"tasks": 1, **me}
+        answer = await self.queues.aio_queue(self.credentials).claimWork(
+            self.task_queue_id, {"tasks": 1, **me}
         )
         [claim] = answer["tasks"]
         return dict(claim)
@@ -178,7 +189,7 @@ class DockerWorkerRules:
         claims = await self._superseding(claim)
         async with httpx.AsyncClient() as http:
             for secondary in claims[1:]:
-                queue = self.emulator.aio_queue(secondary["credentials"])
+                queue = self.queues.aio_queue(secondary["credentials"])
                 task_id, run_id = secondary["status"]["taskId"], str(secondary["runId"])
                 created = await queue.createArtifact(
                     task_id,
@@ -193,9 +204,12 @@ class DockerWorkerRules:
                 body = {"taskId": claims[0]["status"]["taskId"], "runId": claims[0]["runId"]}
                 response = await http.put(created["putUrl"], json=body)
                 response.raise_for_status()
-                await queue.reportException(task_id, run_id, {"reason": "superseded"})
+                try:
+                    await queue.reportException(task_id, run_id, {"reason": "superseded"})
+                except TaskclusterRestFailure as exc:
+                    self.refused[task_id] = exc.status_code or 0
         primary = claims[0]
-        queue = self.emulator.aio_queue(primary["credentials"])
+        queue = self.queues.aio_queue(primary["credentials"])
         await queue.reportCompleted(primary["status"]["taskId"], str(primary["runId"]))
         return primary["status"]["taskId"], [c["status"]["taskId"] for c in claims[1:]]
 
@@ -209,7 +223,7 @@ class DockerWorkerRules:
             return [claim]
         if task_id not in listed:
             return [claim]
-        queue = self.emulator.aio_queue(WORKER_CREDENTIALS)
+        queue = self.queues.aio_queue(self.credentials)
         body = {"workerGroup": self.worker_group, "workerId": self.worker_id}
 
         async def claim_one(other: str) -> dict[str, Any] | None:

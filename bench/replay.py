@@ -42,6 +42,7 @@ rules:
     protect-running-after: 5m
 """
 
+
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"

@@ -77,6 +77,8 @@ class Summary:
     #: Runs given back to the queue (held victims of a failed primary, secondaries of a
     #: canceled one): each task ran again in a new run.
     released: int
+    #: Tasks canceled as the history records it, before the replay resolved them.
+    withdrawn: int
     pending_p95_s: float | None
     ttr_p50_s: float | None
     ttr_p95_s: float | None
@@ -162,6 +164,7 @@ def summarize(
         decisions_missed=out.missed,
         canceled=sum(1 for s in states if s == State.CANCELED),
         released=out.released,
+        withdrawn=sum(1 for s in states if s == State.WITHDRAWN),
         pending_p95_s=percentile(pending_waits, 0.95),
         ttr_p50_s=percentile(all_ttr, 0.5),
         ttr_p95_s=percentile(all_ttr, 0.95),

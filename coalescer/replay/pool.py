@@ -41,10 +41,18 @@ class State(enum.IntEnum):
     SUPERSEDED = 6
     DEADLINE = 7  # resolved exception/deadline-exceeded while pending
     CANCELED = 8  # a running victim of a policy, canceled (superseded while running)
+    WITHDRAWN = 9  # canceled as the history records it (cancelTask, not superseding)
 
 
 RESOLVED = frozenset(
-    {State.COMPLETED, State.FAILED, State.SUPERSEDED, State.DEADLINE, State.CANCELED}
+    {
+        State.COMPLETED,
+        State.FAILED,
+        State.SUPERSEDED,
+        State.DEADLINE,
+        State.CANCELED,
+        State.WITHDRAWN,
+    }
 )
 #: Superseded, pending or running: resolved for another task, which ``by`` names.
 REPLACED = frozenset({State.SUPERSEDED, State.CANCELED})
@@ -105,9 +113,9 @@ class Outcome:
 
 
 # Event kinds, in the order they are handled at one instant: runs end (freeing workers and
-# scheduling dependents), then tasks arrive; then decisions on arrival are carried out (and
-# the decisions those lead to), and idle workers claim.
-_FINISH, _ARRIVE = 0, 1
+# scheduling dependents), then tasks arrive, then the history's cancellations; then decisions
+# on arrival are carried out (and the decisions those lead to), and idle workers claim.
+_FINISH, _ARRIVE, _WITHDRAW = 0, 1, 2
 
 
 class Pool:
@@ -162,6 +170,8 @@ class Pool:
         for i, t in enumerate(self.tasks):
             if not self.blocked[i]:
                 self._at(t.scheduled_ms, _ARRIVE, i)
+            if t.canceled_ms:
+                self._at(t.canceled_ms, _WITHDRAW, i)
         events = self.events
         while events:
             now = events[0][0]
@@ -169,7 +179,9 @@ class Pool:
                 _, kind, _, arg = heapq.heappop(events)
                 if kind == _FINISH:
                     self._finish(now, *arg)  # type: ignore[misc]
-                else:
+                elif kind == _WITHDRAW:
+                    self._withdraw(now, arg)  # type: ignore[arg-type]
+                elif self.out.state[arg] == State.WAITING:  # type: ignore[call-overload]
                     self._pending(now, arg)  # type: ignore[arg-type]
             if self.index is not None:
                 await self.index.enforce(self, now)
@@ -259,7 +271,7 @@ class Pool:
         self.enforcer_holds.discard(i)
         self._rerun(i, now)
 
-    def cancel(self, i: int, primary: int, now: int) -> None:
+    def cancel(self, i: int, primary: int, now: int, state: State = State.CANCELED) -> None:
         """``cancelTask`` on a task running on a worker. A canceled primary's worker stops at
         once and releases its secondaries (they run again); a canceled secondary is dropped
         by its worker."""
@@ -275,8 +287,24 @@ class Pool:
                     self._rerun(j, now)
         self.secondary_of.pop(i, None)
         self.by_enforcer.add(i)
-        self._resolve(i, State.CANCELED, now, by=primary)
+        self._resolve(i, state, now, by=primary)
         self._record(i, "exception", now, "canceled")
+
+    def _withdraw(self, now: int, i: int) -> None:
+        """A cancellation the history records, at its recorded time, wherever the task stands
+        in the replay: never scheduled, pending, held or running (its worker stops). A task
+        the replay already resolved is left as it is."""
+        state = self.out.state[i]
+        if state in RESOLVED:
+            return
+        if state == State.WAITING:
+            self._resolve(i, State.WITHDRAWN, now)  # its dependencies' end schedules nothing
+            return
+        if state == State.PENDING:
+            self._leave(i, State.WITHDRAWN, now)
+        self.enforcer_holds.discard(i)
+        self.cancel(i, -1, now, State.WITHDRAWN)
+        self.by_enforcer.discard(i)
 
     def unresolved_dependents(self, i: int) -> tuple[str, ...]:
         """Every unresolved task depending on ``i``, transitively (a cascade's victims; they

@@ -63,6 +63,7 @@ ROWS: tuple[tuple[str, Any], ...] = (
     ("released, ran again", lambda s: f"{s.released:,}"),
     ("dependents never scheduled", lambda s: f"{s.never_scheduled:,}"),
     ("deadline exceeded", lambda s: f"{s.deadline_exceeded:,}"),
+    ("canceled as recorded", lambda s: f"{s.withdrawn:,}"),
     ("pending p95", lambda s: duration(s.pending_p95_s)),
     ("push to result p50", lambda s: duration(s.ttr_p50_s)),
     ("push to result p95", lambda s: duration(s.ttr_p95_s)),

@@ -78,7 +78,7 @@ def test_the_table_on_the_embedded_store() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["off", "on-claim", "age>600s", "size>1"]
-    rows = {line[:27].strip(): line[27:].split() for line in lines[2:18]}
+    rows = {line[:27].strip(): line[27:].split() for line in lines[2:19]}
     assert rows["wrong winners (must be 0)"] == ["0", "0"]
     assert rows["lost tasks (must be 0)"] == ["0", "0"]
     assert rows["superseded"][0] == "0"

@@ -248,6 +248,7 @@ def crowded(draw: st.DrawFn) -> History:
             key=draw(st.sampled_from(["k1", "k1", "k2"])),
             outcome=draw(st.sampled_from(["completed", "completed", "failed"])),
             after=(f"t{i - 1}",) if i and draw(st.integers(0, 5)) == 0 else (),
+            canceled=draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, 80))),
         )
         for i in range(n)
     ]

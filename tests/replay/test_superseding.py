@@ -187,6 +187,7 @@ def histories(draw: st.DrawFn) -> History:
                 priority=draw(st.integers(0, 2)),
                 after=tuple(deps),
                 outcome=draw(st.sampled_from(["completed", "completed", "failed"])),
+                canceled=draw(st.one_of(st.none(), st.none(), st.integers(0, 60))),
             )
         )
     workers = draw(st.integers(1, 3))
@@ -214,9 +215,16 @@ def check(h: History, out: Outcome, config: Config) -> None:
     if not config.supersede:
         assert State.SUPERSEDED not in out.state
     assert (
-        report.run + report.superseded + report.deadline_exceeded + report.never_scheduled
+        report.run
+        + report.superseded
+        + report.deadline_exceeded
+        + report.never_scheduled
+        + report.withdrawn
         == len(h.tasks)
     )
+    for i, s in enumerate(out.state):  # canceled as recorded, at the recorded time only
+        if s == State.WITHDRAWN:
+            assert out.resolved_ms[i] == h.tasks[i].canceled_ms
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -56,6 +56,21 @@ class Result:
     cascaded: tuple[str, ...] = ()
     #: How a superseded victim's run was ended, and why (lineage).
     resolution: Resolution | None = None
+
+
+class QueueActions(Protocol):
+    """What the enforcer needs to carry out decisions: :class:`Actions` on a real queue, or
+    the replay's modelled queue (:mod:`coalescer.replay.enforcing`)."""
+
+    async def supersede(self, entry: Entry) -> Result: ...
+
+    async def hold(self, entry: Entry) -> Result: ...
+
+    async def cancel(self, entry: Entry) -> Result: ...
+
+    async def release(self, entry: Entry) -> Result: ...
+
+    async def renew(self, victim: str) -> Result: ...
 
 
 def definition_json(task: Mapping[str, Any]) -> str:

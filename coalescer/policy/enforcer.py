@@ -29,7 +29,7 @@ from prometheus_client import Counter
 from taskcluster.exceptions import TaskclusterFailure
 
 from coalescer.errors import StoreUnavailable
-from coalescer.policy.actions import Actions, Result
+from coalescer.policy.actions import Actions, QueueActions, Result
 from coalescer.policy.rules import Policy
 from coalescer.store import Store
 from coalescer.store import lineage as records
@@ -112,7 +112,7 @@ class Enforcer:
     def __init__(
         self,
         store: Store,
-        actions: Actions,
+        actions: QueueActions,
         *,
         policy: Policy | None = None,
         consumer: str | None = None,

@@ -57,7 +57,16 @@ def register(sub: Any) -> None:
         metavar="C",
         help="off; on-claim, latest-wins or first-wins, optionally with ,age=SECONDS,size=N "
         "(tc-coalesce's thresholds); or age=SECONDS,size=N alone (on claim); repeatable; off "
-        "is always replayed first, as the baseline (default: off, age=3600,size=5, on-claim)",
+        "is always replayed first, as the baseline (default: off, age=3600,size=5, on-claim, "
+        "or off alone with --policy)",
+    )
+    p.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a policy file (YAML, or TOML for .toml), as coalescer enforce reads it: each key "
+        "replayed with its own rule; repeatable, each file a configuration",
     )
     p.add_argument(
         "--workers",
@@ -87,13 +96,19 @@ def parse_workers(values: list[str]) -> tuple[dict[str, int], int | None]:
 
 
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    from coalescer.policy import rules
     from coalescer.replay import metrics, report, runner
 
+    defaults = [] if args.policy else ["age=3600,size=5", "on-claim"]
     try:
-        configs = [runner.Config.parse(c) for c in args.config or ["age=3600,size=5", "on-claim"]]
+        configs = [runner.Config.parse(c) for c in args.config or defaults]
     except InvalidInput as exc:
         raise ConfigError(str(exc)) from exc
-    configs = [runner.Config(False), *(c for c in configs if c.supersede)]
+    for file in args.policy:
+        if not Path(file).is_file():
+            raise ConfigError(f"--policy {file!r}: no such file")
+    files = [runner.Config.from_policy(rules.load(f), Path(f).name) for f in args.policy]
+    configs = [runner.Config(False), *(c for c in configs if c.supersede), *files]
     workers, default = parse_workers(args.workers)
     history = _history(args, settings, workers, default)
     started = time.monotonic()
@@ -103,7 +118,14 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     for config, outcome in zip(configs, outcomes, strict=True):
         base = summaries[0].worker_hours if summaries else None
         summaries.append(
-            metrics.summarize(history, config.name, outcome, base, newest_wins=config.newest_wins)
+            metrics.summarize(
+                history,
+                config.name,
+                outcome,
+                base,
+                rule_of=config.rule_for,
+                baseline=outcomes[0],
+            )
         )
     result = report.Report(history, tuple(summaries), seconds)
     if args.html:

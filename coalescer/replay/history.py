@@ -26,6 +26,8 @@ class TaskSpec:
     run's scheduled time). ``duration_ms`` is its recorded run time, ``None`` when it never ran
     (the replay then draws one from the same key's runs). ``started_ms``/``resolved_ms`` are
     the recorded run's times when known, for comparing the replay with what happened.
+    ``canceled_ms`` is when the history canceled the task (``cancelTask``), 0 if it did not:
+    the replay cancels it then, wherever it stands.
     """
 
     task_id: str
@@ -40,6 +42,7 @@ class TaskSpec:
     outcome: str = "completed"
     started_ms: int = 0
     resolved_ms: int = 0
+    canceled_ms: int = 0
 
 
 #: Taskcluster's priorities as numbers the pool model compares, highest first (``normal`` is

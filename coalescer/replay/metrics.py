@@ -5,19 +5,22 @@
 * per key, the time from a push to a result at least as new as its own (p50/p95), and how many
   pushes got no result of their own;
 * pending time (p95), the makespan and the backlog over time;
+* per rule of the configuration's policy, the same figures for the tasks the rule governs;
 * two numbers that must be 0: wrong winners (a task superseded by one that is not newer in its
-  key's order; under ``first-wins``, neither older nor running) and lost tasks (became pending, then neither
-  ran nor resolved).
+  key's order; under ``first-wins``, neither older nor running) and lost tasks (became
+  pending, then neither ran nor resolved).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from coalescer.replay.history import History, percentile
-from coalescer.replay.pool import RESOLVED, Outcome, State
+from coalescer.policy.rules import ON_CLAIM, Rule, Strategy
+from coalescer.replay.history import History, TaskSpec, percentile
+from coalescer.replay.pool import REPLACED, RESOLVED, Outcome, State
 
 #: Points kept of each backlog curve.
 BACKLOG_POINTS = 240
@@ -37,6 +40,26 @@ class KeySummary:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class RuleSummary:
+    """The tasks one rule governs (by their first key), under one configuration."""
+
+    rule: str
+    strategy: str
+    tasks: int
+    run: int
+    superseded: int
+    #: Of ``superseded``: running victims canceled (``supersede-running``).
+    canceled: int
+    never_scheduled: int
+    worker_hours: float
+    #: Against the baseline's worker-hours on the same tasks.
+    saved_hours: float
+    no_own_result: int
+    ttr_p50_s: float | None
+    ttr_p95_s: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Summary:
     name: str
     worker_hours: float
@@ -47,8 +70,15 @@ class Summary:
     deadline_exceeded: int
     never_scheduled: int
     asked: int
-    #: Decisions on arrival (latest-wins) whose victim a worker had claimed first.
+    #: Decisions on arrival whose victim a worker had claimed first (left to run).
     decisions_missed: int
+    #: Of ``superseded``: running victims canceled (``supersede-running``).
+    canceled: int
+    #: Runs given back to the queue (held victims of a failed primary, secondaries of a
+    #: canceled one): each task ran again in a new run.
+    released: int
+    #: Tasks canceled as the history records it, before the replay resolved them.
+    withdrawn: int
     pending_p95_s: float | None
     ttr_p50_s: float | None
     ttr_p95_s: float | None
@@ -57,6 +87,7 @@ class Summary:
     wrong_winners: int
     lost: int
     keys: tuple[KeySummary, ...]
+    rules: tuple[RuleSummary, ...]
     #: ``(hours since the start, pending tasks)``, at most :data:`BACKLOG_POINTS` points.
     backlog: tuple[tuple[float, int], ...]
     #: Every push's time to a result, seconds (for the distribution chart).
@@ -73,6 +104,7 @@ class Summary:
         doc["saved_share"] = round(self.saved_share, 4)
         doc["backlog"] = [[round(h, 3), n] for h, n in self.backlog]
         doc["keys"] = [dataclasses.asdict(k) for k in self.keys]
+        doc["rules"] = [dataclasses.asdict(r) for r in self.rules]
         return doc
 
 
@@ -83,10 +115,18 @@ def summarize(
     baseline_hours: float | None,
     *,
     newest_wins: bool = True,
+    rule_of: Callable[[TaskSpec], Rule] | None = None,
+    baseline: Outcome | None = None,
 ) -> Summary:
-    """The figures of one configuration; ``newest_wins`` is False for ``first-wins``, where
-    a task is rightly superseded by an older one, or by one already running."""
+    """The figures of one configuration. ``rule_of`` gives each task's rule (default: one
+    rule for all, ``first-wins`` when not ``newest_wins``): under ``first-wins`` a task is
+    rightly superseded by an older one, or by one already running. ``baseline`` is the
+    outcome without superseding, for the worker time each rule saved."""
+    if rule_of is None:
+        one = ON_CLAIM if newest_wins else Rule("first-wins", ("**",), Strategy.FIRST_WINS)
+        rule_of = lambda task: one  # noqa: E731
     tasks = history.tasks
+    governing = [rule_of(t) for t in tasks]
     start = tasks[0].scheduled_ms
     states = out.state
     wrong = 0
@@ -94,7 +134,7 @@ def summarize(
         if by >= 0:
             mine, theirs = tasks[i], tasks[by]
             newer = (theirs.order, theirs.task_id) > (mine.order, mine.task_id)
-            if newest_wins:
+            if governing[i].strategy is not Strategy.FIRST_WINS:
                 right = newer
             else:  # first-wins: an older task, or one that was already running
                 at = out.resolved_ms[i]
@@ -108,7 +148,7 @@ def summarize(
         for i in range(len(tasks))
         if out.pending_ms[i] >= 0 and out.left_ms[i] >= 0
     ]
-    per_key, all_ttr = _time_to_result(history, out)
+    per_key, all_ttr, ttr_of = _time_to_result(history, out)
     worker_hours = out.worker_ms / 3_600_000
     ends = [r for r in out.resolved_ms if r >= 0]
     return Summary(
@@ -117,11 +157,14 @@ def summarize(
         saved_hours=round((baseline_hours or worker_hours) - worker_hours, 3),
         tasks=len(tasks),
         run=sum(1 for s in states if s in (State.COMPLETED, State.FAILED)),
-        superseded=sum(1 for s in states if s == State.SUPERSEDED),
+        superseded=sum(1 for s in states if s in REPLACED),
         deadline_exceeded=sum(1 for s in states if s == State.DEADLINE),
         never_scheduled=sum(1 for s in states if s == State.WAITING),
         asked=out.asked,
         decisions_missed=out.missed,
+        canceled=sum(1 for s in states if s == State.CANCELED),
+        released=out.released,
+        withdrawn=sum(1 for s in states if s == State.WITHDRAWN),
         pending_p95_s=percentile(pending_waits, 0.95),
         ttr_p50_s=percentile(all_ttr, 0.5),
         ttr_p95_s=percentile(all_ttr, 0.95),
@@ -130,20 +173,61 @@ def summarize(
         wrong_winners=wrong,
         lost=lost,
         keys=tuple(per_key),
+        rules=_per_rule(governing, out, baseline, ttr_of),
         backlog=_downsample(out.backlog, start),
         ttr_s=tuple(all_ttr),
     )
 
 
-def _time_to_result(history: History, out: Outcome) -> tuple[list[KeySummary], list[float]]:
+def _per_rule(
+    governing: Sequence[Rule],
+    out: Outcome,
+    baseline: Outcome | None,
+    ttr_of: dict[int, float],
+) -> tuple[RuleSummary, ...]:
+    members: dict[str, list[int]] = defaultdict(list)
+    rule_named: dict[str, Rule] = {}
+    for i, rule in enumerate(governing):
+        members[rule.name].append(i)
+        rule_named[rule.name] = rule
+    found = []
+    for name, ids in members.items():
+        states = [out.state[i] for i in ids]
+        worked = sum(out.worked_ms[i] for i in ids)
+        base = worked if baseline is None else sum(baseline.worked_ms[i] for i in ids)
+        ttr = [ttr_of[i] for i in ids if i in ttr_of]
+        ran = sum(1 for s in states if s in (State.COMPLETED, State.FAILED))
+        found.append(
+            RuleSummary(
+                rule=name,
+                strategy=str(rule_named[name].strategy),
+                tasks=len(ids),
+                run=ran,
+                superseded=sum(1 for s in states if s in REPLACED),
+                canceled=sum(1 for s in states if s == State.CANCELED),
+                never_scheduled=sum(1 for s in states if s == State.WAITING),
+                worker_hours=round(worked / 3_600_000, 3),
+                saved_hours=round((base - worked) / 3_600_000, 3),
+                no_own_result=len(ids) - ran,
+                ttr_p50_s=percentile(ttr, 0.5),
+                ttr_p95_s=percentile(ttr, 0.95),
+            )
+        )
+    return tuple(found)
+
+
+def _time_to_result(
+    history: History, out: Outcome
+) -> tuple[list[KeySummary], list[float], dict[int, float]]:
     """Per key: for each task (a push), the first result of a task at least as new, from the
-    moment the push scheduled it."""
+    moment the push scheduled it; and each task's, by its first key."""
     members: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(history.tasks):
         for key in t.keys:
             members[key].append(i)
     summaries: list[KeySummary] = []
     everything: list[float] = []
+    of_task: dict[int, float] = {}
     for key in sorted(members):
         ids = sorted(members[key], key=lambda i: (history.tasks[i].order, history.tasks[i].task_id))
         best = None  # the earliest result among the tasks seen so far (newest first)
@@ -157,12 +241,14 @@ def _time_to_result(history: History, out: Outcome) -> tuple[list[KeySummary], l
                 no_result += 1
             else:
                 ttr.append(max(0, best - history.tasks[i].scheduled_ms) / 1000)
+                if history.tasks[i].keys[0] == key:
+                    of_task[i] = ttr[-1]
         ran = sum(1 for i in ids if out.state[i] in (State.COMPLETED, State.FAILED))
         summaries.append(
             KeySummary(
                 key=key,
                 tasks=len(ids),
-                superseded=sum(1 for i in ids if out.state[i] == State.SUPERSEDED),
+                superseded=sum(1 for i in ids if out.state[i] in REPLACED),
                 no_own_result=len(ids) - ran,
                 no_result=no_result,
                 ttr_p50_s=percentile(ttr, 0.5),
@@ -170,7 +256,7 @@ def _time_to_result(history: History, out: Outcome) -> tuple[list[KeySummary], l
             )
         )
         everything += ttr
-    return summaries, everything
+    return summaries, everything, of_task
 
 
 def _downsample(points: list[tuple[int, int]], start: int) -> tuple[tuple[float, int], ...]:

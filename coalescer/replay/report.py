@@ -10,7 +10,7 @@ import jinja2
 
 from coalescer.replay import charts
 from coalescer.replay.history import History
-from coalescer.replay.metrics import Summary
+from coalescer.replay.metrics import RuleSummary, Summary
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,8 +59,11 @@ ROWS: tuple[tuple[str, Any], ...] = (
     ("saved", lambda s: f"{s.saved_hours:,.1f}h {s.saved_share:.0%}" if s.saved_hours else "-"),
     ("tasks run", lambda s: f"{s.run:,}"),
     ("superseded", lambda s: f"{s.superseded:,}"),
+    ("  of them canceled running", lambda s: f"{s.canceled:,}"),
+    ("released, ran again", lambda s: f"{s.released:,}"),
     ("dependents never scheduled", lambda s: f"{s.never_scheduled:,}"),
     ("deadline exceeded", lambda s: f"{s.deadline_exceeded:,}"),
+    ("canceled as recorded", lambda s: f"{s.withdrawn:,}"),
     ("pending p95", lambda s: duration(s.pending_p95_s)),
     ("push to result p50", lambda s: duration(s.ttr_p50_s)),
     ("push to result p95", lambda s: duration(s.ttr_p95_s)),
@@ -86,7 +89,47 @@ def table(report: Report) -> str:
             k = s.keys[n]
             cells.append(f"{duration(k.ttr_p50_s)}/{duration(k.ttr_p95_s)} ({k.no_own_result})")
         key_rows.append([key.key, *cells])
-    return text + "\n\n" + _grid(key_rows)
+    text += "\n\n" + _grid(key_rows)
+    for summary in report.summaries:
+        if by_rule(summary):
+            text += "\n\n" + _grid(
+                [[f"rules of {summary.name}", *RULE_COLUMNS], *map(rule_cells, summary.rules)]
+            )
+    return text
+
+
+def by_rule(summary: Summary) -> bool:
+    """Whether a configuration is a policy file's, whose figures are shown per rule."""
+    return summary.name.startswith("policy ")
+
+
+RULE_COLUMNS = (
+    "tasks",
+    "run",
+    "superseded",
+    "canceled",
+    "never scheduled",
+    "worker-hours",
+    "saved",
+    "push to result p50/p95",
+    "no own result",
+)
+
+
+def rule_cells(rule: RuleSummary) -> list[str]:
+    """A rule's row: its name and strategy, then :data:`RULE_COLUMNS`."""
+    return [
+        f"{rule.rule} ({rule.strategy})",
+        f"{rule.tasks:,}",
+        f"{rule.run:,}",
+        f"{rule.superseded:,}",
+        f"{rule.canceled:,}",
+        f"{rule.never_scheduled:,}",
+        f"{rule.worker_hours:,.1f}",
+        f"{rule.saved_hours:,.1f}h" if rule.saved_hours else "-",
+        f"{duration(rule.ttr_p50_s)}/{duration(rule.ttr_p95_s)}",
+        f"{rule.no_own_result:,}",
+    ]
 
 
 def _grid(rows: Sequence[Sequence[str]]) -> str:
@@ -123,6 +166,10 @@ def html(report: Report) -> str:
         report=report,
         history=report.history_json(),
         rows=[(label, [show(s) for s in report.summaries]) for label, show in ROWS],
+        rule_tables=[
+            (s.name, [rule_cells(r) for r in s.rules]) for s in report.summaries if by_rule(s)
+        ],
+        rule_columns=RULE_COLUMNS,
         backlog=charts.backlog(report.summaries),
         ttr=charts.time_to_result(report.summaries),
         bars_plot=bars_plot,

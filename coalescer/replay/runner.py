@@ -6,7 +6,9 @@ shared with other data is not disturbed; the namespace is deleted afterwards. Th
 every event at the moment the model makes it happen (no ingest lag), through the service's own
 scripts: on claim, ``apply.lua`` then ``snapshot.lua`` and :func:`coalescer.model.supersedes`,
 as the service answers ``GET /<key>?taskId=``; under a policy, :meth:`Store.apply
-<coalescer.store.Store.apply>` with the policy, whose ``decide.lua`` decides on arrival.
+<coalescer.store.Store.apply>` with the policy, whose ``decide.lua`` decides on arrival with each
+key's own rule, and the enforcer's own code carries the decisions out on the pool
+(:mod:`~coalescer.replay.enforcing`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import dataclasses
 import re
 import uuid
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from coalescer import model
 from coalescer.errors import ConfigError, InvalidInput
-from coalescer.policy import Policy, rules
+from coalescer.policy import Policy, Rule, Strategy, rules
+from coalescer.replay.enforcing import PoolEnforcer
 from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, Pool
 from coalescer.store import Store
-from coalescer.store import policy as policy_store
 from coalescer.store.replay import apply_and_ask, drop, holds_nothing
 
 #: The service's default cap on an answer's length.
@@ -38,30 +41,31 @@ POLICIES = ("latest-wins", "first-wins")
 class Config:
     """One way to run the pool: no superseding; the protocol on claim, with tc-coalesce's
     thresholds (supersede only when more than ``size`` tasks are pending and the oldest waited
-    more than ``age`` seconds); or a policy strategy deciding on arrival, with the same
-    thresholds."""
+    more than ``age`` seconds); a policy strategy deciding on arrival for every key, with the
+    same thresholds; or a policy file (``rules``, named ``label``), each key with its own rule,
+    as ``coalescer enforce`` reads it."""
 
     supersede: bool
     age: int | None = None
     size: int | None = None
     strategy: str = "on-claim"
+    rules: Policy | None = None
+    label: str = ""
 
     @property
     def on_arrival(self) -> bool:
-        return self.strategy in POLICIES
-
-    @property
-    def newest_wins(self) -> bool:
-        """Whether a task is superseded by a newer one (all but ``first-wins``)."""
-        return self.strategy != "first-wins"
+        """Whether any key decides on arrival."""
+        return self.supersede and self.policy().decides
 
     @property
     def name(self) -> str:
         if not self.supersede:
             return "off"
+        if self.rules is not None:
+            return f"policy {self.label}"
         age = "" if self.age is None else f" age>{self.age}s"
         size = "" if self.size is None else f" size>{self.size}"
-        if self.on_arrival:
+        if self.strategy in POLICIES:
             return self.strategy + age + size
         return "on-claim" + (age + size or " always")
 
@@ -87,16 +91,35 @@ class Config:
             found[m.group(1)] = int(m.group(2))
         return cls(True, found.get("age"), found.get("size"), strategy)
 
+    @classmethod
+    def from_policy(cls, policy: Policy, label: str) -> Config:
+        """A policy file's configuration: each key with its own rule (on-claim keys ask when
+        claimed, without thresholds: those are the worker's, in its ``supersederUrl``)."""
+        return cls(True, rules=policy, label=label)
+
     def policy(self) -> Policy:
-        rule: dict[str, object] = {"name": "replay", "keys": "**", "strategy": self.strategy}
-        rule |= {k: v for k, v in (("age", self.age), ("size", self.size)) if v is not None}
-        return rules.parse({"rules": [rule]}, "replay")
+        """The rules each key follows: the file's, or one rule for every key."""
+        if self.rules is not None:
+            return self.rules
+        if not self.supersede:
+            return rules.Policy()
+        return _one_rule(self.strategy, self.age, self.size)
+
+    def rule_for(self, task: TaskSpec) -> Rule:
+        """The rule a task follows: its first key's (the one its worker would ask about)."""
+        return self.policy().rule_for(task.keys[0]) if task.keys else rules.ON_CLAIM
+
+
+@lru_cache(maxsize=64)
+def _one_rule(strategy: str, age: int | None, size: int | None) -> Policy:
+    rule: dict[str, object] = {"name": strategy, "keys": "**", "strategy": strategy}
+    if strategy != Strategy.ON_CLAIM:  # on claim, the thresholds are the worker's question's
+        rule |= {k: v for k, v in (("age", age), ("size", size)) if v is not None}
+    return rules.parse({"rules": [rule]}, "replay")
 
 
 class StoreIndex:
     """The :class:`~coalescer.replay.pool.Index` of one configuration, on a real store."""
-
-    asks_on_claim = True
 
     def __init__(self, store: Store, namespace: str, config: Config) -> None:
         self.store = store
@@ -108,14 +131,19 @@ class StoreIndex:
     def key(self, task: TaskSpec) -> tuple[str, ...]:
         return tuple(self.namespace + k for k in task.keys)
 
-    def record(self, task: TaskSpec, state: str, at_ms: int, since_ms: int, reason: str) -> None:
+    def asks(self, task: TaskSpec) -> bool:
+        return True
+
+    def record(
+        self, task: TaskSpec, run: int, state: str, at_ms: int, since_ms: int, reason: str
+    ) -> None:
         if state not in ("pending", "running") and not self.config.on_arrival:
             return  # a resolution changes no answer: the task left the pending set when claimed
         keys = self.key(task)
         self.buffer.append(
             model.TaskEvent(
                 task_id=task.task_id,
-                run_id=0,
+                run_id=run,
                 state=state,
                 keys=keys,
                 order=task.order,
@@ -142,9 +170,8 @@ class StoreIndex:
         )
         return answer
 
-    async def decisions(self, now_ms: int) -> list[tuple[str, str]]:
+    async def enforce(self, pool: Pool, now_ms: int) -> None:
         """Nothing is decided on arrival on claim."""
-        return []
 
     async def forget(self) -> None:
         await drop(self.store, sorted(self.used))
@@ -152,15 +179,18 @@ class StoreIndex:
 
 class PolicyIndex(StoreIndex):
     """A policy configuration: every event goes through :meth:`Store.apply` with the policy,
-    so ``decide.lua`` decides as the service does; its decisions, read from the keys'
-    outboxes, are carried out at once, as an enforcer without lag would. The policy alone
-    supersedes: workers run what they claim."""
-
-    asks_on_claim = False
+    so ``decide.lua`` decides with each key's rule as the service does; the decisions, read
+    from the keys' outboxes, are carried out at once by the enforcer's own code on the pool
+    (:class:`~coalescer.replay.enforcing.PoolEnforcer`), as an enforcer without lag would.
+    Workers ask on claim only for tasks whose key's rule is ``on-claim``."""
 
     def __init__(self, store: Store, namespace: str, config: Config) -> None:
         super().__init__(store, namespace, config)
         self.policy = _Namespaced(config.policy(), namespace)
+        self.enforcer = PoolEnforcer(store)
+
+    def asks(self, task: TaskSpec) -> bool:
+        return not self.config.rule_for(task).decides
 
     async def _flush(self, now_ms: int) -> set[str]:
         events, self.buffer = self.buffer, []
@@ -168,15 +198,16 @@ class PolicyIndex(StoreIndex):
             await self.store.apply(events, now_ms=now_ms, policy=self.policy)
         return {k for ev in events for k in ev.keys}
 
-    async def decisions(self, now_ms: int) -> list[tuple[str, str]]:
-        out = []
-        touched = sorted(await self._flush(now_ms))
-        waiting = await policy_store.outstanding(self.store, touched)
-        for key in (k for k in touched if waiting[k][0]):
-            for entry in await policy_store.read(self.store, key, "replay"):
-                out.append((entry.victim, entry.primary))
-                await policy_store.ack(self.store, key, entry.id)
-        return out
+    async def ask(self, task: TaskSpec, now_ms: int) -> list[str]:
+        # Events on deciding keys must reach decide.lua (its running set), not apply.lua alone.
+        await self._flush(now_ms)
+        return await super().ask(task, now_ms)
+
+    async def enforce(self, pool: Pool, now_ms: int) -> None:
+        # Carrying out decisions makes events (superseded, held, released and pending again),
+        # which may be decided on in turn: until nothing is left at this instant.
+        while await self.enforcer.round(pool, now_ms, await self._flush(now_ms)):
+            pass
 
 
 class _Namespaced:

@@ -5,6 +5,7 @@ A task's history comes from its newest status: its first run's ``scheduled`` tim
 queue and deadline, and the run that did its work (the last one resolved ``completed`` or
 ``failed``: its ``started``→``resolved`` is the duration the replay gives it). A task that
 never did its work (superseded, canceled, deadline) gets a duration drawn from its key's runs.
+A task whose newest run was canceled (``cancelTask``) is canceled in the replay at that time.
 Order within a key is the index's: the rank tag if set, else the first run's ``scheduled``.
 Pulse messages carry neither dependencies nor priorities: a task group read from the queue does.
 """
@@ -59,6 +60,8 @@ def task_spec(
             parse_time_ms(worked[-1]["started"]),
             parse_time_ms(worked[-1]["resolved"]),
         )
+    last = runs[-1] if runs else {}
+    canceled = last.get("reasonResolved") == "canceled" and "resolved" in last
     queue = status.get("taskQueueId") or f"{status['provisionerId']}/{status['workerType']}"
     definition = definition or {}
     return TaskSpec(
@@ -74,6 +77,7 @@ def task_spec(
         outcome=worked[-1]["state"] if worked else "completed",
         started_ms=started,
         resolved_ms=resolved,
+        canceled_ms=parse_time_ms(last["resolved"]) if canceled else 0,
     )
 
 

@@ -85,3 +85,28 @@ async def test_a_chain_of_held_victims_follows_the_final_primary(loop: Loop) -> 
     for task_id in (a, b):
         assert loop.last_run(task_id)["reasonResolved"] == "superseded"
         assert loop.artifact(task_id, 0, "public/superseded-by.json") == {"taskId": c, "runId": 0}
+
+
+async def test_victims_held_for_a_canceled_primary_are_released_when_its_replacement_fails(
+    loop: Loop,
+) -> None:
+    # a is held for b; b runs and is canceled by c (supersede-running); c fails: a follows the
+    # chain's final primary, and is released, rather than held until its deadline.
+    loop.policy = rule(
+        "k", strategy="latest-wins", on_primary_failure="release", supersede_running=True
+    )
+    a = loop.create()
+    b = loop.create()
+    await loop.feed()
+    await loop.enforce()
+    assert await state(loop, a) == "held"
+    loop.claim(b)
+    await loop.feed()
+    c = loop.create()
+    await loop.enforce()
+    assert loop.last_run(b)["reasonResolved"] == "canceled"
+    assert await state(loop, a) == "held"
+    loop.resolve(loop.claim(c), "failed")
+    await loop.enforce()
+    assert await state(loop, a) == "released"
+    assert [r.get("reasonResolved") for r in loop.status(a)["runs"]] == ["worker-shutdown", None]

@@ -19,8 +19,10 @@ def task(
     priority: int = 0,
     after: tuple[str, ...] = (),
     outcome: str = "completed",
+    canceled: float | None = None,
 ) -> TaskSpec:
-    """A task scheduled ``at`` minutes in, running ``minutes`` (``None``: never ran)."""
+    """A task scheduled ``at`` minutes in, running ``minutes`` (``None``: never ran), canceled
+    ``canceled`` minutes in (as the history records it)."""
     scheduled = T0 + int(at * MIN)
     return TaskSpec(
         task_id=task_id,
@@ -33,6 +35,7 @@ def task(
         dependencies=after,
         duration_ms=None if minutes is None else int(minutes * MIN),
         outcome=outcome,
+        canceled_ms=0 if canceled is None else T0 + int(canceled * MIN),
     )
 
 

@@ -78,12 +78,59 @@ def test_the_table_on_the_embedded_store() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["off", "on-claim", "age>600s", "size>1"]
-    rows = {line[:27].strip(): line[27:].split() for line in lines[2:16]}
+    rows = {line[:27].strip(): line[27:].split() for line in lines[2:19]}
     assert rows["wrong winners (must be 0)"] == ["0", "0"]
     assert rows["lost tasks (must be 0)"] == ["0", "0"]
     assert rows["superseded"][0] == "0"
     assert any(line.startswith("build.p1 ") for line in lines)
     assert "EMBEDDED" not in done.stderr  # the production warning would only mislead here
+
+
+POLICY = """\
+rules:
+  - name: builds
+    keys: "build.*"
+    strategy: latest-wins
+    supersede-running: true
+    protect-running-after: 10m
+  - name: tests
+    keys: "test.p1.*"
+    strategy: first-wins
+    on-primary-failure: release
+"""
+
+
+def test_a_policy_file_replayed_per_key_and_reported_per_rule(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    html = tmp_path / "report.html"
+    args = [*SMALL, "--build-workers", "2", "--policy", str(policy)]
+    done = replay(*args, "--json", "--html", str(html))
+    assert done.returncode == 0, done.stderr
+    off, file = orjson.loads(done.stdout)["configurations"]
+    assert file["name"] == "policy policy.yaml"
+    assert file["wrong_winners"] == 0 and file["lost"] == 0
+    assert file["asked"] > 0  # test.p2.* has no rule: its workers ask on claim
+    rules = {r["rule"]: r for r in file["rules"]}
+    assert {(n, r["strategy"]) for n, r in rules.items()} == {
+        ("builds", "latest-wins"),
+        ("tests", "first-wins"),
+        ("default", "on-claim"),
+    }
+    assert sum(r["tasks"] for r in rules.values()) == file["tasks"]
+    assert sum(r["superseded"] for r in rules.values()) == file["superseded"]
+    assert rules["builds"]["superseded"] > 0 and rules["builds"]["saved_hours"] > 0
+    assert sum(r["worker_hours"] for r in rules.values()) == pytest.approx(
+        file["worker_hours"], abs=0.01
+    )
+    assert {r["rule"] for r in off["rules"]} == {"default"}
+    page = html.read_text()
+    assert "Per rule: policy policy.yaml" in page and "builds (latest-wins)" in page
+
+    table = replay(*args)
+    assert table.returncode == 0, table.stderr
+    assert "rules of policy policy.yaml" in table.stdout
+    assert any(line.startswith("tests (first-wins) ") for line in table.stdout.splitlines())
 
 
 @pytest.mark.parametrize(
@@ -93,6 +140,7 @@ def test_the_table_on_the_embedded_store() -> None:
         (["--workers", "q=0"], "--workers 'q=0'"),
         (["--events", "/nonexistent.jsonl"], "cannot read /nonexistent.jsonl"),
         (["--hours", "0"], "synthetic hours must be positive"),
+        (["--policy", "/nonexistent.yaml"], "--policy '/nonexistent.yaml': no such file"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(

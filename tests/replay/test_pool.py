@@ -78,6 +78,33 @@ def test_a_task_that_never_ran_takes_a_duration_from_its_key() -> None:
     assert minutes(out.resolved_ms[2]) == 1 + 7
 
 
+def test_a_recorded_cancellation_stops_a_pending_or_running_task_at_its_time() -> None:
+    h = history(
+        task("running", 0, 60, canceled=20),  # its worker stops at 20
+        task("pending", 1, 10, canceled=10),  # still pending behind it at 10
+        task("next", 2, 10),
+        task("late", 3, 5, canceled=50),  # the replay ran it before: left as it ran
+    )
+    out = run(h)
+    states = {t.task_id: out.state[i].name.lower() for i, t in enumerate(h.tasks)}
+    assert states == {
+        "running": "withdrawn",
+        "pending": "withdrawn",
+        "next": "completed",
+        "late": "completed",
+    }
+    assert [minutes(out.resolved_ms[i]) for i in range(4)] == [20, 10, 30, 35]
+    assert out.worker_ms == (20 + 10 + 5) * MIN and out.worked_ms[0] == 20 * MIN
+    assert out.by == [-1] * 4
+
+
+def test_a_canceled_task_waiting_for_its_dependencies_is_never_scheduled() -> None:
+    h = history(task("build", 0, 30), task("test", 0, 5, after=("build",), canceled=10))
+    out = run(h)
+    assert [s.name for s in out.state] == ["COMPLETED", "WITHDRAWN"]
+    assert out.pending_ms[1] == -1 and minutes(out.resolved_ms[1]) == 10
+
+
 def test_the_pool_defaults_to_the_peak_concurrency_the_history_shows() -> None:
     def ran(task_id: str, start: int, end: int, queue: str = "q") -> TaskSpec:
         return TaskSpec(

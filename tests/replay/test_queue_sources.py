@@ -12,7 +12,7 @@ import taskcluster
 
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.replay.history import Durations, priority_rank
-from coalescer.replay.pool import Pool
+from coalescer.replay.pool import Pool, State
 from coalescer.replay.sources import SourceError, from_events, from_task_groups, read_events
 
 QUEUE_ID = "emulator-test/worker"
@@ -73,8 +73,16 @@ def test_a_task_group_read_from_the_queue(
     assert history.workers == {QUEUE_ID: 1}
     assert Durations(history.tasks).of(build2) == build1.duration_ms  # drawn from its key's runs
 
+    # build2 was canceled while it ran: the replay cancels it at the same time, its worker
+    # having claimed it when build1 completed.
+    assert build2.canceled_ms == pytest.approx(build1.resolved_ms + 45_000, abs=2000)
     out = asyncio.run(Pool(history, None).run())
-    assert out.worker_ms == 2 * build1.duration_ms + test1.duration_ms
+    b2 = history.tasks.index(build2)
+    assert out.state[b2] == State.WITHDRAWN and out.resolved_ms[b2] == build2.canceled_ms
+    build1_done = build1.scheduled_ms + build1.duration_ms
+    assert out.worker_ms == build1.duration_ms + (build2.canceled_ms - build1_done) + (
+        test1.duration_ms
+    )
     i = history.tasks.index(test1)
     assert out.pending_ms[i] == out.resolved_ms[history.tasks.index(build1)]
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from coalescer.errors import ConfigError
 from coalescer.replay.history import History
 from coalescer.replay.metrics import summarize
-from coalescer.replay.pool import RESOLVED, Outcome, State
+from coalescer.replay.pool import REPLACED, RESOLVED, Outcome, State
 from coalescer.replay.runner import Config, replay
 from coalescer.store import open_store
 from coalescer.store.replay import holds_nothing
@@ -187,6 +187,7 @@ def histories(draw: st.DrawFn) -> History:
                 priority=draw(st.integers(0, 2)),
                 after=tuple(deps),
                 outcome=draw(st.sampled_from(["completed", "completed", "failed"])),
+                canceled=draw(st.one_of(st.none(), st.none(), st.integers(0, 60))),
             )
         )
     workers = draw(st.integers(1, 3))
@@ -194,15 +195,15 @@ def histories(draw: st.DrawFn) -> History:
 
 
 def check(h: History, out: Outcome, config: Config) -> None:
-    report = summarize(h, config.name, out, None, newest_wins=config.newest_wins)
+    report = summarize(h, config.name, out, None, rule_of=config.rule_for)
     assert report.wrong_winners == 0
     assert report.lost == 0
     for i, s in enumerate(out.state):
         assert s in RESOLVED or (s == State.WAITING and out.pending_ms[i] == -1)
-        if s == State.SUPERSEDED:
+        if s in REPLACED:
             mine, theirs = h.tasks[i], h.tasks[out.by[i]]
             newer = (theirs.order, theirs.task_id) > (mine.order, mine.task_id)
-            if config.newest_wins:
+            if config.rule_for(mine).strategy != "first-wins":
                 assert newer
             elif newer:  # first-wins keeps a running task, even a newer one
                 assert out.left_ms[out.by[i]] <= out.resolved_ms[i] <= out.resolved_ms[out.by[i]]
@@ -214,9 +215,16 @@ def check(h: History, out: Outcome, config: Config) -> None:
     if not config.supersede:
         assert State.SUPERSEDED not in out.state
     assert (
-        report.run + report.superseded + report.deadline_exceeded + report.never_scheduled
+        report.run
+        + report.superseded
+        + report.deadline_exceeded
+        + report.never_scheduled
+        + report.withdrawn
         == len(h.tasks)
     )
+    for i, s in enumerate(out.state):  # canceled as recorded, at the recorded time only
+        if s == State.WITHDRAWN:
+            assert out.resolved_ms[i] == h.tasks[i].canceled_ms
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -83,7 +83,9 @@ end
 
 -- Victims held for `by` follow it once it ends: superseded by it when it completed (and, down
 -- the chain, everything held for them, superseded by the same final primary), released
--- otherwise. A primary that is itself a victim is not an end: its own primary decides.
+-- otherwise. A primary that is itself a victim is not an end: its own primary decides. A
+-- released victim's held ones follow when its run ends; a canceled or superseded one's run
+-- ended already, so those held for it follow the final primary's end either way.
 local function settle_held(by, final, finalrun, outcome, depth)
   local members = redis.call('ZRANGEBYLEX', vp, '[' .. by .. '|', '[' .. by .. '|\255')
   for _, member in ipairs(members) do
@@ -94,7 +96,8 @@ local function settle_held(by, final, finalrun, outcome, depth)
       save(id, rec)
       emit(outcome, id, rec.run, final, finalrun, 'primary ' .. final .. ' ended', rec.rule)
     end
-    if rec and outcome == 'supersede' and depth < 8 then
+    local ended = rec and (rec.state == 'canceled' or rec.state == 'superseded')
+    if rec and (outcome == 'supersede' or ended) and depth < 8 then
       settle_held(id, final, finalrun, outcome, depth + 1)
     end
   end

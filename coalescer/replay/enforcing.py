@@ -1,0 +1,138 @@
+"""The enforcer of a replayed policy: ``coalescer enforce``'s own :class:`Enforcer
+<coalescer.policy.enforcer.Enforcer>`, carrying out the outbox entries that ``decide.lua``
+wrote, on the pool model instead of a queue.
+
+Only the queue calls are modelled (:class:`PoolActions`, in place of
+:class:`coalescer.policy.actions.Actions`): which entries are stale, which primary ends a
+chain, and what the lineage records are the enforcer's code. Each action answers as its
+counterpart does on a queue, from where the victim stands in the pool:
+
+* ``supersede``: a pending (or enforcer-held) victim is resolved superseded, its unresolved
+  dependents canceled with ``cascade: cancel``; a victim running on a worker is canceled with
+  ``supersede-running``, else left to run (``missed``); a resolved one is ``gone``.
+* ``hold``: a pending victim is claimed and held by the enforcer until its primary ends.
+* ``release``: a held victim resolves ``exception/worker-shutdown`` and is pending again in a
+  new run (the queue's retry).
+* ``cancel``: a running victim is canceled, unless it has run longer than the rule protects;
+  its worker stops at once (no reclaim lag is modelled).
+
+The enforcer acts at the instant of the decision: no poll interval, no queue latency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+from coalescer.policy.actions import Result
+from coalescer.policy.enforcer import Enforcer
+from coalescer.replay import pool as model
+from coalescer.store import Store
+from coalescer.store import policy as outbox
+from coalescer.store.policy import Entry
+
+#: The replay's consumer name in the outboxes' consumer group.
+CONSUMER = "replay"
+
+
+class PoolActions:
+    """:class:`coalescer.policy.actions.Actions` on the pool model, at the pool's clock."""
+
+    def __init__(self) -> None:
+        self.pool: model.Pool | None = None
+        self.now_ms = 0
+
+    def _at(self, entry: Entry) -> tuple[model.Pool, int, int]:
+        assert self.pool is not None, "PoolActions used outside Pool.run"
+        return self.pool, self.pool.pos[entry.victim], self.pool.pos[entry.primary]
+
+    async def supersede(self, entry: Entry) -> Result:
+        pool, i, primary = self._at(entry)
+        where = pool.where(i)
+        if where == model.RUNNING:
+            if entry.supersede_running:
+                return await self.cancel(entry)
+            pool.out.missed += 1
+            return Result("missed")
+        if where == model.RESOLVED_BY_ENFORCER:
+            return Result("superseded")
+        if where not in (model.PENDING, model.HELD_BY_ENFORCER):
+            return Result("gone")
+        cascaded = pool.unresolved_dependents(i) if entry.cascade == "cancel" else ()
+        pool.supersede(i, primary, self.now_ms)
+        return Result("superseded", saved="pending", cascaded=cascaded)
+
+    async def hold(self, entry: Entry) -> Result:
+        pool, i, _ = self._at(entry)
+        where = pool.where(i)
+        if where == model.RUNNING:
+            if entry.supersede_running:
+                return await self.cancel(entry)
+            pool.out.missed += 1
+            return Result("missed")
+        if where == model.HELD_BY_ENFORCER:
+            return Result("held", due_ms=pool.tasks[i].deadline_ms)
+        if where != model.PENDING:
+            return Result("gone")
+        pool.hold(i, self.now_ms)
+        return Result("held", due_ms=pool.tasks[i].deadline_ms)
+
+    async def renew(self, victim: str) -> Result:
+        assert self.pool is not None, "PoolActions used outside Pool.run"
+        i = self.pool.pos[victim]
+        if self.pool.where(i) != model.HELD_BY_ENFORCER:
+            return Result("lost")
+        return Result("held", due_ms=self.pool.tasks[i].deadline_ms)
+
+    async def release(self, entry: Entry) -> Result:
+        pool, i, _ = self._at(entry)
+        if pool.where(i) == model.HELD_BY_ENFORCER:
+            pool.release(i, self.now_ms)
+        return Result("released")
+
+    async def cancel(self, entry: Entry) -> Result:
+        pool, i, primary = self._at(entry)
+        where = pool.where(i)
+        if where in (model.PENDING, model.HELD_BY_ENFORCER):
+            return await self.supersede(dataclasses.replace(entry, supersede_running=False))
+        if where != model.RUNNING:
+            canceled = where == model.RESOLVED_BY_ENFORCER and pool.out.state[i] == (
+                model.State.CANCELED
+            )
+            return Result("canceled" if canceled else "gone")
+        started = pool.started_ms(i)
+        if entry.protect_ms >= 0 and self.now_ms - started > entry.protect_ms:
+            return Result("protected", started_ms=started)
+        cascaded = pool.unresolved_dependents(i) if entry.cascade == "cancel" else ()
+        pool.cancel(i, primary, self.now_ms)
+        return Result("canceled", saved="running", started_ms=started, cascaded=cascaded)
+
+
+class PoolEnforcer:
+    """The enforcer's outbox consumer for one replayed configuration's keys."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.actions = PoolActions()
+        self.enforcer = Enforcer(store, self.actions, consumer=CONSUMER, clock=self._clock)
+        #: Keys whose outbox held entries when last looked at.
+        self.busy: set[str] = set()
+
+    def _clock(self) -> datetime:
+        return datetime.fromtimestamp(self.actions.now_ms / 1000, UTC)
+
+    async def round(self, pool: model.Pool, now_ms: int, touched: set[str]) -> bool:
+        """Carry out every entry of the ``touched`` (and still busy) keys' outboxes, in order,
+        as ``coalescer enforce`` does; whether any entry was handled."""
+        self.actions.pool, self.actions.now_ms = pool, now_ms
+        names = sorted(touched | self.busy)
+        if not names:
+            return False
+        waiting = await outbox.outstanding(self.store, names)
+        self.busy = {k for k in names if waiting[k][0]}
+        handled = False
+        for key in sorted(self.busy):
+            for entry in await outbox.read(self.store, key, CONSUMER):
+                await self.enforcer.handle(entry)
+                handled = True
+        return handled

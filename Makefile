@@ -52,7 +52,8 @@ bench: $(TEST_STAMP)
 	$(BIN)/python scripts/with_services.py $(BIN)/python bench/workers.py
 	@# The query at 1k, 100k and 1M tracked tasks, and Redis bytes per task (a private redis-server).
 	$(BIN)/python bench/scale.py
-	@# Ingest lines (Pulse and HTTP, bench/ingest.py) go here.
+	@# Ingest: one `coalescer listen` draining a Pulse backlog, and POST /v1/events in bodies of 1,000.
+	$(BIN)/python scripts/with_services.py $(BIN)/python bench/ingest.py
 
 # The documentation site, built strictly: a broken link or anchor is an error.
 docs: $(TEST_STAMP)

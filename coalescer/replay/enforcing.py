@@ -46,14 +46,19 @@ class PoolActions:
         assert self.pool is not None, "PoolActions used outside Pool.run"
         return self.pool, self.pool.pos[entry.victim], self.pool.pos[entry.primary]
 
+    async def _running(self, pool: model.Pool, entry: Entry) -> Result:
+        """A victim that started meanwhile: canceled if the rule supersedes running tasks, else
+        missed (it runs to its end)."""
+        if entry.supersede_running:
+            return await self.cancel(entry)
+        pool.out.missed += 1
+        return Result("missed")
+
     async def supersede(self, entry: Entry) -> Result:
         pool, i, primary = self._at(entry)
         where = pool.where(i)
         if where == model.RUNNING:
-            if entry.supersede_running:
-                return await self.cancel(entry)
-            pool.out.missed += 1
-            return Result("missed")
+            return await self._running(pool, entry)
         if where == model.RESOLVED_BY_ENFORCER:
             return Result("superseded")
         if where not in (model.PENDING, model.HELD_BY_ENFORCER):
@@ -66,10 +71,7 @@ class PoolActions:
         pool, i, _ = self._at(entry)
         where = pool.where(i)
         if where == model.RUNNING:
-            if entry.supersede_running:
-                return await self.cancel(entry)
-            pool.out.missed += 1
-            return Result("missed")
+            return await self._running(pool, entry)
         if where == model.HELD_BY_ENFORCER:
             return Result("held", due_ms=pool.tasks[i].deadline_ms)
         if where != model.PENDING:

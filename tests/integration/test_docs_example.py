@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.ports import free_port
+from tests.serving import serving
 
-BIN = Path(sys.executable).parent
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "events.json"
 TOKEN = "docs-example-token"
 
@@ -24,37 +20,14 @@ TOKEN = "docs-example-token"
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[str]:
     """The base URL of a ``coalescer serve`` process on the embedded store."""
-    port = free_port()
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("COALESCER_", "PULSE_", "TASKCLUSTER_")) and k != "REDIS_URL"
     }
-    env.update(COALESCER_INGEST_TOKEN=TOKEN, PYTHONUNBUFFERED="1")
-    log_path = tmp_path / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(BIN / "coalescer"), "serve", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/__lbheartbeat__", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "coalescer serve did not start"
-            time.sleep(0.05)
+    env.update(COALESCER_INGEST_TOKEN=TOKEN)
+    with serving(env, tmp_path / "serve.log") as (base, _):
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def _key(route: str) -> str:

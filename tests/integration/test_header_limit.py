@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +15,8 @@ import pytest
 import taskcluster
 
 from tests.conftest import make_message
-from tests.ports import free_port
+from tests.serving import serving
 
-BIN = Path(sys.executable).parent
 LIMIT = 16 * 1024
 
 
@@ -34,32 +30,10 @@ def rss_bytes(pid: int) -> int:
 @pytest.fixture
 def service(redis_client: Any, redis_url: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
     """``(base URL, pid)`` of a ``coalescer serve`` process with the default head limit."""
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COALESCER_", "PULSE_"))}
-    env.update(REDIS_URL=redis_url, COALESCER_INGEST_TOKEN="s3cret", PYTHONUNBUFFERED="1")
-    with (tmp_path / "serve.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [str(BIN / "coalescer"), "serve", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/__lbheartbeat__", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline, "coalescer serve did not start"
-            time.sleep(0.05)
+    env.update(REDIS_URL=redis_url, COALESCER_INGEST_TOKEN="s3cret")
+    with serving(env, tmp_path / "serve.log") as (base, proc):
         yield base, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def query(base: str, task: str) -> Any:

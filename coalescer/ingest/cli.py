@@ -1,7 +1,8 @@
 """``coalescer listen`` (the Pulse consumer) and ``coalescer reconcile`` (check against the queue).
 
 Both need ``REDIS_URL``: the embedded store lives inside one process, so with it ``coalescer
-serve`` runs the consumer itself, and there is nothing for another process to reconcile.
+serve`` runs the consumer itself and rebuilds the index from the queue at start
+(:mod:`coalescer.ingest.startup`); there is nothing for another process to reach.
 """
 
 from __future__ import annotations
@@ -168,9 +169,14 @@ def _need(settings: Settings, *names: str) -> None:
     if "root" in names and settings.taskcluster_root_url is None:
         raise ConfigError("TASKCLUSTER_ROOT_URL is not set: reconcile asks that queue")
     if settings.redis_url is None:
+        itself = (
+            "rebuilds the index from the queue at start when TASKCLUSTER_ROOT_URL is set"
+            if "root" in names
+            else "consumes Pulse itself when PULSE_URL is set"
+        )
         raise ConfigError(
-            "REDIS_URL is not set: the embedded store lives in one process; "
-            "`coalescer serve` consumes Pulse itself when PULSE_URL is set"
+            f"REDIS_URL is not set: the embedded store lives in one process; `coalescer serve` "
+            f"{itself}"
         )
 
 

@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import http.server
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -175,3 +177,17 @@ async def test_a_queue_without_the_listings_stops_the_rebuild_with_the_reason() 
     assert "no listTaskQueues endpoint" in (loop.stopped or ""), loop.stopped
     assert health.report()["checks"]["background"] == "error"
     assert health.index is not None and health.index.state != "ok"
+
+
+def test_reconcile_without_redis_says_that_serve_rebuilds_the_embedded_store_itself() -> None:
+    env = environment(TASKCLUSTER_ROOT_URL="http://127.0.0.1:9")
+    run = subprocess.run(
+        [sys.executable, "-m", "coalescer.cli", "reconcile", "--rebuild"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "REDIS_URL is not set" in run.stderr
+    assert "`coalescer serve` rebuilds the index from the queue at start" in run.stderr

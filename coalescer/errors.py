@@ -13,6 +13,7 @@
     │   └── StoreRejected    refused one command for good (a script error, a wrong type): a bug,
     │                        or an event that can never apply
     ├── ingest.rebuild.ListingFailed         a queue listing could not be read to its end
+    ├── ingest.startup.RebuildIncomplete     serve's rebuild of the embedded store missed some
     ├── web.server.BindError                 the address to serve on cannot be bound
     └── worker.protocol.SupersederError      a superseder's answer cannot be used (the task
                                              then runs alone)

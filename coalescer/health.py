@@ -85,6 +85,8 @@ class Health:
     eviction: str | None = None
     index: IndexState | None = None
     embedded: bool = False  # the store is the in-process one, empty at every start
+    #: This process rebuilds the embedded store's index from the queue (ingest.startup).
+    rebuilds: bool = False
     loops: dict[str, Loop] = dataclasses.field(default_factory=dict)
 
     def loop(self, name: str) -> Loop:
@@ -103,9 +105,7 @@ class Health:
                 "nothing is lost, but the index is behind until it takes writes again."
             )
         if self.index is not None and self.index.state != "ok":
-            out.append(
-                f"Superseding is incomplete: {index_message(self.index, embedded=self.embedded)}."
-            )
+            out.append(f"Superseding is incomplete: {self.index_message()}.")
         if self.eviction is not None:
             out.append(
                 f"Redis maxmemory-policy is {self.eviction}: it may evict index keys without "
@@ -137,22 +137,39 @@ class Health:
                 "error; set maxmemory-policy noeviction"
             )
         if self.index is not None and self.index.state != "ok":
-            details["index"] = index_message(self.index, embedded=self.embedded)
+            details["index"] = self.index_message()
         return {"checks": checks, "details": details}
 
+    def index_message(self) -> str:
+        """Why the index is incomplete and what to do, for this process's store."""
+        assert self.index is not None
+        return index_message(self.index, embedded=self.embedded, rebuilds=self.rebuilds)
 
-def index_message(state: IndexState, *, embedded: bool = False) -> str:
+
+def index_message(state: IndexState, *, embedded: bool = False, rebuilds: bool = False) -> str:
+    """Why an index marked ``state`` is incomplete, and the way out: for the embedded store,
+    which ``coalescer reconcile`` cannot reach, whether this process ``rebuilds`` it itself."""
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.since_ms / 1000))
-    found = (
-        f"the embedded store started empty at {since} (it keeps nothing across restarts)"
-        if embedded
-        else f"the index has not been rebuilt from the queue since it was found empty at {since} "
-        "(Redis new, restarted empty or flushed)"
-    )
+    if not embedded:
+        return (
+            f"the index has not been rebuilt from the queue since it was found empty at {since} "
+            f"(Redis new, restarted empty or flushed): {_ANSWERED_ALONE}; "
+            "run `coalescer reconcile --rebuild`"
+        )
+    found = f"the embedded store started empty at {since} (it keeps nothing across restarts)"
+    if rebuilds:
+        return (
+            f"{found}: {_ANSWERED_ALONE}, or until this process has rebuilt the index from the "
+            "queue (TASKCLUSTER_ROOT_URL), which it is doing now; the log says how it goes"
+        )
     return (
-        f"{found}: tasks pending since before then are answered alone until they change state; "
-        "run `coalescer reconcile --rebuild`"
+        f"{found}: {_ANSWERED_ALONE}; set TASKCLUSTER_ROOT_URL so that `coalescer serve` "
+        "rebuilds the index from the queue at start, or keep the index in Redis (REDIS_URL) "
+        "and run `coalescer reconcile --rebuild`"
     )
+
+
+_ANSWERED_ALONE = "tasks pending since before then are answered alone until they change state"
 
 
 class Supervisor:
@@ -166,9 +183,16 @@ class Supervisor:
         """Run ``job`` now and every ``seconds``; a failed round is retried later and later."""
         self._tasks.append(asyncio.create_task(self._periodic(name, seconds, job), name=name))
 
-    def service(self, name: str, run: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
-        """Run ``run`` until it returns; restart it whenever it crashes."""
-        task = asyncio.create_task(self._service(name, run), name=name)
+    def service(
+        self,
+        name: str,
+        run: Callable[[], Awaitable[object]],
+        *,
+        expected: tuple[type[Exception], ...] = (),
+    ) -> asyncio.Task[None]:
+        """Run ``run`` until it returns; restart it whenever it crashes. A crash on one of the
+        ``expected`` errors (whose message says why) is logged as one line, without a trace."""
+        task = asyncio.create_task(self._service(name, run, expected), name=name)
         self._tasks.append(task)
         return task
 
@@ -200,7 +224,12 @@ class Supervisor:
             _still_cancelled(None)
             await asyncio.sleep(delay)
 
-    async def _service(self, name: str, run: Callable[[], Awaitable[object]]) -> None:
+    async def _service(
+        self,
+        name: str,
+        run: Callable[[], Awaitable[object]],
+        expected: tuple[type[Exception], ...],
+    ) -> None:
         state = self.health.loop(name)
         throttled = Throttled(log)
         delay = 1.0
@@ -220,13 +249,20 @@ class Supervisor:
                 _still_cancelled(exc)
                 if time.monotonic() - started > MAX_BACKOFF:
                     delay = 1.0  # it ran a while: start backing off afresh
-                self._failed(state, exc, throttled, "stopped; restarting in", delay)
+                self._failed(state, exc, throttled, "stopped; restarting in", delay, expected)
                 state.restarts += 1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_BACKOFF)
 
     @staticmethod
-    def _failed(state: Loop, exc: Exception, throttled: Throttled, what: str, delay: float) -> None:
+    def _failed(
+        state: Loop,
+        exc: Exception,
+        throttled: Throttled,
+        what: str,
+        delay: float,
+        expected: tuple[type[Exception], ...] = (),
+    ) -> None:
         state.failures += 1
         state.total_failures += 1
         state.last_error = f"{type(exc).__name__}: {exc}"
@@ -235,6 +271,8 @@ class Supervisor:
         # A store outage is expected and shows elsewhere; anything else is a bug to look at.
         if isinstance(exc, StoreUnavailable):
             throttled.log(logging.WARNING, "%s %s %.0f s: %s", state.name, what, delay, exc)
+        elif isinstance(exc, expected):
+            log.error("%s %s %.0f s: %s", state.name, what, delay, exc)
         else:
             log.error("%s %s %.0f s", state.name, what, delay, exc_info=exc)
 
@@ -277,7 +315,7 @@ async def watch_store(store: Store, health: Health) -> None:
             index_message(state),
         )
     elif state.created and store.embedded:  # said loudly at start already
-        log.info("%s", index_message(state, embedded=True))
+        log.info("%s", health.index_message())
     elif state.created:
         log.warning("the index store holds no marker (new, or emptied): %s", index_message(state))
     elif state.state == "ok" and before is not None and before.state != "ok":

@@ -1,7 +1,8 @@
 """``coalescer listen`` (the Pulse consumer) and ``coalescer reconcile`` (check against the queue).
 
 Both need ``REDIS_URL``: the embedded store lives inside one process, so with it ``coalescer
-serve`` runs the consumer itself, and there is nothing for another process to reconcile.
+serve`` runs the consumer itself and rebuilds the index from the queue at start
+(:mod:`coalescer.ingest.startup`); there is nothing for another process to reach.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import logging
 import re
 import signal
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 from coalescer.errors import ConfigError, InvalidInput, StoreUnavailable
 from coalescer.model import check_task_id
-from coalescer.settings import Settings, queue_credentials
+from coalescer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -169,9 +169,14 @@ def _need(settings: Settings, *names: str) -> None:
     if "root" in names and settings.taskcluster_root_url is None:
         raise ConfigError("TASKCLUSTER_ROOT_URL is not set: reconcile asks that queue")
     if settings.redis_url is None:
+        itself = (
+            "rebuilds the index from the queue at start when TASKCLUSTER_ROOT_URL is set"
+            if "root" in names
+            else "consumes Pulse itself when PULSE_URL is set"
+        )
         raise ConfigError(
-            "REDIS_URL is not set: the embedded store lives in one process; "
-            "`coalescer serve` consumes Pulse itself when PULSE_URL is set"
+            f"REDIS_URL is not set: the embedded store lives in one process; `coalescer serve` "
+            f"{itself}"
         )
 
 
@@ -252,20 +257,14 @@ def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _reconcile_async(args: argparse.Namespace, settings: Settings) -> int:
-    import taskcluster.aio
-
+    from coalescer.ingest.rebuild import queue_client
     from coalescer.store import open_store
 
+    assert settings.taskcluster_root_url is not None  # checked by _need
     stop = _stop_event()
     store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)
     try:
-        async with taskcluster.aio.createSession() as session:
-            options: dict[str, Any] = {"rootUrl": settings.taskcluster_root_url, "maxRetries": 3}
-            if (
-                creds := queue_credentials()
-            ):  # the listings need scopes (docs/how-to/recover-store.md)
-                options["credentials"] = creds
-            queue = taskcluster.aio.Queue(options, session=session)
+        async with queue_client(settings.taskcluster_root_url) as queue:
             while True:
                 once = _rebuild(store, queue, args, settings) if args.rebuild else None
                 round_ = asyncio.create_task(once or _reconcile_once(store, queue, args))
@@ -322,21 +321,8 @@ async def _reconcile_once(store: Any, queue: Any, args: argparse.Namespace) -> A
 async def _rebuild(store: Any, queue: Any, args: argparse.Namespace, settings: Settings) -> Any:
     from tqdm import tqdm
 
-    from coalescer.ingest.rebuild import ListingFailed, rebuild, sources, task_queue_ids
-    from coalescer.ingest.reconcile import queue_fetcher
+    from coalescer.ingest.rebuild import ListingFailed, rebuild_index
 
-    # The marker first (created as lost if missing): a rebuild covers a loss found before it.
-    started = int(time.time() * 1000)
-    await store.index_state(started)
-    queue_ids = list(args.task_queue_id)
-    if not queue_ids and not args.task_group:
-        try:
-            queue_ids = await task_queue_ids(queue)
-        except ListingFailed as exc:
-            raise ConfigError(
-                f"cannot find the active task queues: {exc} (or name them with --task-queue-id)"
-            ) from exc
-        log.info("rebuilding from %d active task queues", len(queue_ids))
     disable = None if args.progress is None else not args.progress
     with tqdm(total=0, desc="rebuild", unit="task", file=sys.stderr, disable=disable) as bar:
 
@@ -344,20 +330,20 @@ async def _rebuild(store: Any, queue: Any, args: argparse.Namespace, settings: S
             bar.total += count
             bar.refresh()
 
-        summary = await rebuild(
-            store,
-            queue,
-            sources(queue_ids, args.task_group),
-            queue_fetcher(queue),
-            prefix=settings.route_prefix,
-            rank_tag=settings.rank_tag,
-            concurrency=args.concurrency,
-            batch=args.batch,
-            found=found,
-            progress=bar.update,
-        )
-    if summary.complete:  # a partial rebuild leaves the index marked as it was
-        marker = await store.mark_rebuilt(int(time.time() * 1000), started_ms=started)
-        if marker.state != "ok":
-            summary.incomplete.append("the store was emptied while the rebuild ran: run it again")
-    return summary
+        try:
+            return await rebuild_index(
+                store,
+                queue,
+                prefix=settings.route_prefix,
+                rank_tag=settings.rank_tag,
+                task_queues=args.task_queue_id,
+                task_groups=args.task_group,
+                concurrency=args.concurrency,
+                batch=args.batch,
+                found=found,
+                progress=bar.update,
+            )
+        except ListingFailed as exc:
+            raise ConfigError(
+                f"cannot find the active task queues: {exc} (or name them with --task-queue-id)"
+            ) from exc

@@ -10,16 +10,19 @@ fallback) and applies them as events through the store's ordinary write path. Ve
 idempotent and safe while events flow: a task that started running after it was listed, or
 whose running event was applied first, is never made pending again.
 
-:func:`listed_task` decides what one listing entry is worth; :func:`rebuild` does the IO.
+:func:`listed_task` decides what one listing entry is worth; :func:`rebuild` does the IO, and
+:func:`rebuild_index` the whole of it with the index's marker: ``coalescer reconcile --rebuild``
+and, with the embedded store, ``coalescer serve`` at start (:mod:`coalescer.ingest.startup`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -28,8 +31,9 @@ from taskcluster.exceptions import TaskclusterFailure, TaskclusterRestFailure
 from coalescer.errors import CoalescerError, InvalidEvent
 from coalescer.ingest import validation
 from coalescer.ingest.events import status_event
-from coalescer.ingest.reconcile import StatusFetcher
+from coalescer.ingest.reconcile import StatusFetcher, queue_fetcher
 from coalescer.model import TaskEvent, keys_from_routes
+from coalescer.settings import queue_credentials
 from coalescer.store import Store
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,11 @@ _LIVE = frozenset(("pending", "running"))
 
 class ListingFailed(CoalescerError):
     """A listing could not be read to its end; the message says why and what to do."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        #: The queue's HTTP status, when it answered with an error.
+        self.status = status
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,7 +142,7 @@ async def pages(queue: Any, method: str, *args: str) -> AsyncIterator[list[Mappi
         try:
             body = await getattr(queue, method)(*args, query=query)
         except TaskclusterRestFailure as exc:
-            raise ListingFailed(_explain(method, args, exc)) from exc
+            raise ListingFailed(_explain(method, args, exc), status=exc.status_code) from exc
         except (TaskclusterFailure, aiohttp.ClientError, TimeoutError) as exc:
             raise ListingFailed(f"{method} failed: {exc}") from exc
         schema, identity = _SCHEMAS[method]
@@ -266,4 +275,60 @@ async def rebuild(
     except ExceptionGroup as exc:
         raise exc.exceptions[0] from exc
     summary.seconds = time.monotonic() - started
+    return summary
+
+
+@contextlib.asynccontextmanager
+async def queue_client(root_url: str) -> AsyncIterator[Any]:
+    """A ``taskcluster.aio.Queue`` at ``root_url``, signing with the credentials in the
+    environment when there are any (the listings need scopes: docs/how-to/recover-store.md)."""
+    import taskcluster.aio
+
+    async with taskcluster.aio.createSession() as session:
+        options: dict[str, Any] = {"rootUrl": root_url, "maxRetries": 3}
+        if creds := queue_credentials():
+            options["credentials"] = creds
+        yield taskcluster.aio.Queue(options, session=session)
+
+
+async def rebuild_index(
+    store: Store,
+    queue: Any,
+    *,
+    prefix: str,
+    rank_tag: str | None = None,
+    task_queues: Iterable[str] = (),
+    task_groups: Iterable[str] = (),
+    concurrency: int = 4,
+    batch: int = 500,
+    found: Callable[[int], object] | None = None,
+    progress: Callable[[int], object] | None = None,
+) -> RebuildSummary:
+    """Rebuild the index from ``task_queues`` and ``task_groups`` (every active task queue when
+    both are empty: :exc:`ListingFailed` when they cannot be listed), then mark it rebuilt when
+    the rebuild is complete. A partial rebuild leaves the marker as it was."""
+    # The marker first (created as lost if missing): a rebuild covers a loss found before it,
+    # including one found by another client a moment ago, with a clock a little ahead.
+    started = int(time.time() * 1000)
+    started = max(started, (await store.index_state(started)).since_ms)
+    queue_ids, groups = list(task_queues), list(task_groups)
+    if not queue_ids and not groups:
+        queue_ids = await task_queue_ids(queue)
+        log.info("rebuilding from %d active task queues", len(queue_ids))
+    summary = await rebuild(
+        store,
+        queue,
+        sources(queue_ids, groups),
+        queue_fetcher(queue),
+        prefix=prefix,
+        rank_tag=rank_tag,
+        concurrency=concurrency,
+        batch=batch,
+        found=found,
+        progress=progress,
+    )
+    if summary.complete:
+        marker = await store.mark_rebuilt(int(time.time() * 1000), started_ms=started)
+        if marker.state != "ok":
+            summary.incomplete.append("the store was emptied while the rebuild ran: run it again")
     return summary

@@ -195,6 +195,10 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             )
         enforcer = None
         if app.state.store.embedded:
+            # It starts empty: rebuilt from the queue when one is known (TASKCLUSTER_ROOT_URL).
+            from coalescer.ingest.startup import start_rebuild
+
+            start_rebuild(settings, app.state.store, supervisor)
             # Likewise the policy enforcer (when a rule decides on arrival and the queue's
             # credentials are set; it logs what is missing otherwise).
             from coalescer.policy.embedded import start_enforcer

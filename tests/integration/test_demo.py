@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.ports import free_port
@@ -95,6 +96,7 @@ async def test_the_demo_shows_superseding_and_stops_by_itself(tmp_path: Path) ->
     demo = await DemoProcess(tmp_path, "--duration", "25", "--interval", "0.5").start()
     try:
         await demo.wait_for(f"Open {demo.service}/", within=40)
+        await rebuilt_without_banner(demo.service)
         ran = await demo.wait_for(RAN, within=30)
         assert ran.group(1) in ("linux64-tests", "windows11-tests", "macos-build")
         assert int(ran.group(3)) >= 1 and ran.group(4).startswith(demo.service + "/tasks/")
@@ -108,6 +110,18 @@ async def test_the_demo_shows_superseding_and_stops_by_itself(tmp_path: Path) ->
     assert closed(demo.port) and closed(demo.emulator_port)
     logs = sorted(p.name for p in (tmp_path / "demo-logs").iterdir())
     assert logs == ["emulator.log", "service.log", "worker-1.log", "worker-2.log"]
+
+
+async def rebuilt_without_banner(service: str, within: float = 20) -> None:
+    """The service's embedded store is rebuilt from the emulator at start: the heartbeat's
+    index check turns ok, and the pages stop saying that superseding is incomplete."""
+    give_up = time.monotonic() + within
+    async with httpx.AsyncClient(base_url=service, timeout=5) as http:
+        while (await http.get("/__heartbeat__")).json()["checks"]["index"] != "ok":
+            assert time.monotonic() < give_up, (await http.get("/__heartbeat__")).text
+            await asyncio.sleep(0.1)
+        page = await http.get("/", headers={"Accept": "text/html"})
+        assert page.status_code == 200 and "Superseding is incomplete" not in page.text
 
 
 @pytest.mark.integration

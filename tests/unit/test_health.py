@@ -147,6 +147,29 @@ async def test_a_crashing_service_is_restarted_and_a_config_error_stops_it() -> 
     assert any("PULSE_URL refused" in alert for alert in health.alerts())
 
 
+async def test_an_expected_crash_is_logged_as_one_line_and_a_bug_with_its_trace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    supervisor = Supervisor(Health())
+    runs = 0
+
+    async def service() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            raise StoreRejected("the queue is down")
+        if runs == 2:
+            raise RuntimeError("a bug")
+
+    with caplog.at_level(logging.ERROR, logger="coalescer.health"):
+        task = supervisor.service("rebuild", service, expected=(StoreRejected,))
+        await asyncio.wait_for(task, 10)  # restarts after 1 s and 2 s, then returns
+    expected, bug = caplog.records
+    assert expected.getMessage() == "rebuild stopped; restarting in 1 s: the queue is down"
+    assert expected.exc_info is None
+    assert bug.getMessage() == "rebuild stopped; restarting in 2 s" and bug.exc_info is not None
+
+
 def test_the_health_report_says_what_is_wrong() -> None:
     health = Health()
     assert health.report()["checks"] == {
@@ -192,5 +215,25 @@ async def test_stop_ends_a_job_whose_library_turns_the_cancel_into_another_error
 def test_the_embedded_store_says_it_starts_empty_not_that_redis_lost_data() -> None:
     health = Health(index=IndexState("lost", 1_795_000_000_000, None, True), embedded=True)
     (alert,) = health.alerts()
-    assert "embedded store started empty" in alert and "Redis" not in alert
-    assert "reconcile --rebuild" in health.report()["details"]["index"]
+    assert "embedded store started empty" in alert and "Redis new, restarted" not in alert
+
+
+def test_the_embedded_store_without_a_queue_names_both_ways_to_a_complete_index() -> None:
+    health = Health(index=IndexState("lost", 1_795_000_000_000, None, True), embedded=True)
+    detail = health.report()["details"]["index"]
+    assert "set TASKCLUSTER_ROOT_URL so that `coalescer serve` rebuilds the index" in detail
+    assert "(REDIS_URL) and run `coalescer reconcile --rebuild`" in detail
+
+
+def test_the_embedded_store_rebuilding_itself_says_so_instead_of_advising_a_command() -> None:
+    health = Health(
+        index=IndexState("lost", 1_795_000_000_000, None, True), embedded=True, rebuilds=True
+    )
+    (alert,) = health.alerts()
+    assert "rebuilt the index from the queue (TASKCLUSTER_ROOT_URL), which it is doing" in alert
+    assert "reconcile" not in alert and "set TASKCLUSTER_ROOT_URL" not in alert
+
+
+def test_redis_losing_the_index_advises_reconcile_rebuild() -> None:
+    health = Health(index=IndexState("lost", 1_795_000_000_000, None, True))
+    assert health.report()["details"]["index"].endswith("run `coalescer reconcile --rebuild`")

@@ -110,3 +110,25 @@ async def test_victims_held_for_a_canceled_primary_are_released_when_its_replace
     await loop.enforce()
     assert await state(loop, a) == "released"
     assert [r.get("reasonResolved") for r in loop.status(a)["runs"]] == ["worker-shutdown", None]
+
+
+async def test_victims_held_for_a_held_victim_canceled_meanwhile_follow_the_final_primary(
+    loop: Loop,
+) -> None:
+    # a is held for b, and b for c. Someone cancels b while the enforcer holds it: its end is
+    # hidden (a victim is neither offered nor a primary), so a's fate follows c. c fails: a is
+    # released and runs itself, rather than being held until its deadline.
+    a = loop.create()
+    b = loop.create()
+    c = loop.create()
+    await loop.feed()
+    await loop.enforce()
+    assert [await state(loop, t) for t in (a, b)] == ["held", "held"]
+    loop.em.queue().cancelTask(b)
+    await loop.enforce()
+    assert await state(loop, a) == "held"
+    loop.resolve(loop.claim(c), "failed")
+    await loop.enforce()
+    assert await state(loop, a) == "released"
+    assert [r.get("reasonResolved") for r in loop.status(a)["runs"]] == ["worker-shutdown", None]
+    assert [t.task_id for t in await loop.store.pending("k", now_ms=loop.now_ms())] == [a]

@@ -85,7 +85,17 @@ end
 -- the chain, everything held for them, superseded by the same final primary), released
 -- otherwise. A primary that is itself a victim is not an end: its own primary decides. A
 -- released victim's held ones follow when its run ends; a canceled or superseded one's run
--- ended already, so those held for it follow the final primary's end either way.
+-- ended already, and so did a held one whose run was ended by someone else (canceled, past
+-- its deadline) while its end was hidden: those held for it follow the final primary's end
+-- either way.
+local function run_ended(id, rec)
+  if rec.state == 'canceled' or rec.state == 'superseded' then
+    return true
+  end
+  local cur = task(id)
+  return cur ~= nil and cur.rank == 3 and cur.run == rec.run
+end
+
 local function settle_held(by, final, finalrun, outcome, depth)
   local members = redis.call('ZRANGEBYLEX', vp, '[' .. by .. '|', '[' .. by .. '|\255')
   for _, member in ipairs(members) do
@@ -96,8 +106,7 @@ local function settle_held(by, final, finalrun, outcome, depth)
       save(id, rec)
       emit(outcome, id, rec.run, final, finalrun, 'primary ' .. final .. ' ended', rec.rule)
     end
-    local ended = rec and (rec.state == 'canceled' or rec.state == 'superseded')
-    if rec and (outcome == 'supersede' or ended) and depth < 8 then
+    if rec and (outcome == 'supersede' or run_ended(id, rec)) and depth < 8 then
       settle_held(id, final, finalrun, outcome, depth + 1)
     end
   end

@@ -96,11 +96,16 @@ local function run_ended(id, rec)
   return cur ~= nil and cur.rank == 3 and cur.run == rec.run
 end
 
-local function settle_held(by, final, finalrun, outcome, depth)
+-- `upto`, if given, limits the first level to victims decided while `by` was at that run or an
+-- earlier one (not those decided since for a newer run of `by`).
+local function settle_held(by, final, finalrun, outcome, depth, upto)
   local members = redis.call('ZRANGEBYLEX', vp, '[' .. by .. '|', '[' .. by .. '|\255')
   for _, member in ipairs(members) do
     local id = string.sub(member, #by + 2)
     local rec = victim(id)
+    if rec and upto and tonumber(rec.byrun) > upto then
+      rec = nil
+    end
     if rec and (rec.state == 'held' or (rec.state == 'decided' and rec.action == 'hold')) then
       rec.state, rec.action = 'settling', outcome
       save(id, rec)
@@ -166,6 +171,14 @@ if ev ~= '' then
           release_decided(ev)
         end
       end
+    end
+    -- A released victim's run ended: those held for it are released in turn. The queue
+    -- retries a released run, and its message announces the new pending run, not the end of
+    -- the old one; the end may also arrive before the enforcer recorded the release.
+    local gave = victim(ev)
+    if gave and (gave.state == 'released' or (gave.state == 'settling' and gave.action == 'release'))
+      and (cur.run > gave.run or (hidden and cur.rank == 3 and cur.run == gave.run)) then
+      settle_held(ev, ev, gave.run, 'release', 0, gave.run)
     end
     if hidden then
       hide(ev)

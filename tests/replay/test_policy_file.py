@@ -184,6 +184,39 @@ def test_a_victim_held_for_a_canceled_primary_follows_the_chain_to_its_end() -> 
     assert (out.released, out.runs) == (1, [2, 1, 1])
 
 
+def test_a_victim_held_for_a_held_victim_canceled_meanwhile_follows_the_final_primary() -> None:
+    # first-wins, one worker: "t9", "t10" and "t0" are held for "t2", which fails at 5; all
+    # three are released and decided anew: "t0" held for "t10", "t10" for "t9", which runs.
+    # "t10" is canceled at 6 (as recorded) while held, its end hidden; "t9" fails at 10: "t0"
+    # follows the chain's end and is released too, rather than held until its deadline.
+    rule = {
+        "keys": "k",
+        "strategy": "first-wins",
+        "on-primary-failure": "release",
+        "cascade": "cancel",
+    }
+    h = history(
+        task("t2", 0, 5, outcome="failed"),
+        task("t9", 0, 5, outcome="failed"),
+        task("t10", 1, 5, canceled=6),
+        task("t11", 1, 5, after=("t10",)),
+        task("t0", 2, 5),
+    )
+    config = policy(rule)
+    (out,) = run(h, config)
+    assert states(h, out) == {
+        "t2": "failed",
+        "t9": "failed",
+        "t10": "withdrawn",
+        "t11": "waiting",
+        "t0": "completed",
+    }
+    assert [at(h, out, v) for v in ("t2", "t10", "t9", "t0")] == [5, 6, 10, 15]
+    assert out.runs == [1, 2, 2, 0, 3]
+    report = summarize(h, "p", out, None, rule_of=config.rule_for)
+    assert (report.wrong_winners, report.lost, report.released) == (0, 0, 4)
+
+
 def test_cascade_leaves_dependents_unscheduled_either_way() -> None:
     tasks = (
         task("busy", 0, 60, key=None, queue="build"),

@@ -85,19 +85,33 @@ end
 -- the chain, everything held for them, superseded by the same final primary), released
 -- otherwise. A primary that is itself a victim is not an end: its own primary decides. A
 -- released victim's held ones follow when its run ends; a canceled or superseded one's run
--- ended already, so those held for it follow the final primary's end either way.
-local function settle_held(by, final, finalrun, outcome, depth)
+-- ended already, and so did a held one whose run was ended by someone else (canceled, past
+-- its deadline) while its end was hidden: those held for it follow the final primary's end
+-- either way.
+local function run_ended(id, rec)
+  if rec.state == 'canceled' or rec.state == 'superseded' then
+    return true
+  end
+  local cur = task(id)
+  return cur ~= nil and cur.rank == 3 and cur.run == rec.run
+end
+
+-- `upto`, if given, limits the first level to victims decided while `by` was at that run or an
+-- earlier one (not those decided since for a newer run of `by`).
+local function settle_held(by, final, finalrun, outcome, depth, upto)
   local members = redis.call('ZRANGEBYLEX', vp, '[' .. by .. '|', '[' .. by .. '|\255')
   for _, member in ipairs(members) do
     local id = string.sub(member, #by + 2)
     local rec = victim(id)
+    if rec and upto and tonumber(rec.byrun) > upto then
+      rec = nil
+    end
     if rec and (rec.state == 'held' or (rec.state == 'decided' and rec.action == 'hold')) then
       rec.state, rec.action = 'settling', outcome
       save(id, rec)
       emit(outcome, id, rec.run, final, finalrun, 'primary ' .. final .. ' ended', rec.rule)
     end
-    local ended = rec and (rec.state == 'canceled' or rec.state == 'superseded')
-    if rec and (outcome == 'supersede' or ended) and depth < 8 then
+    if rec and (outcome == 'supersede' or run_ended(id, rec)) and depth < 8 then
       settle_held(id, final, finalrun, outcome, depth + 1)
     end
   end
@@ -157,6 +171,14 @@ if ev ~= '' then
           release_decided(ev)
         end
       end
+    end
+    -- A released victim's run ended: those held for it are released in turn. The queue
+    -- retries a released run, and its message announces the new pending run, not the end of
+    -- the old one; the end may also arrive before the enforcer recorded the release.
+    local gave = victim(ev)
+    if gave and (gave.state == 'released' or (gave.state == 'settling' and gave.action == 'release'))
+      and (cur.run > gave.run or (hidden and cur.rank == 3 and cur.run == gave.run)) then
+      settle_held(ev, ev, gave.run, 'release', 0, gave.run)
     end
     if hidden then
       hide(ev)

@@ -419,19 +419,45 @@ class Store:
             await self._pipeline(lambda pipe: [pipe.execute_command(*c) for c in failed])
 
     # -- reads ------------------------------------------------------------------------------
-    async def snapshot(self, key: str, initial: str, *, now_ms: int, cap: int) -> model.KeySnapshot:
-        """The data for one superseding query (``cap`` < 0: every pending task)."""
+    def snapshot_soon(
+        self, key: str, initial: str, *, now_ms: int, cap: int
+    ) -> asyncio.Future[Any] | None:
+        """Send :meth:`snapshot`'s read on the lean connection without waiting: the future of
+        its raw reply (for :func:`decode_snapshot`), or ``None`` when only :meth:`snapshot`
+        can read it (no lean connection, scripts not loaded yet). The future fails with
+        :class:`StoreUnavailable`, :class:`NoScript` or :class:`ReplyError`; the lean
+        connection's watchdog fails it when Redis is later than the query timeout."""
+        if self.fast is None or not self._sha:
+            return None
         t, p, w, d, _ = keys.group(key)
-        if self.fast is not None and self._sha:
-            # The lean connection fails every command whose reply is later than the query
-            # timeout (its watchdog), so a frozen Redis is a quick 503, not a hung worker.
-            try:
-                raw = await self.fast.execute(
+        try:
+            return asyncio.ensure_future(
+                self.fast.execute(
                     "EVALSHA", self._sha["snapshot"], 4, t, p, w, d, initial, now_ms, cap
                 )
-                return decode_snapshot(raw)
+            )
+        except ReplyError:  # a Cluster without a slot map yet
+            return None
+
+    @staticmethod
+    def snapshot_of(reply: asyncio.Future[Any]) -> model.KeySnapshot | None:
+        """What a done :meth:`snapshot_soon` ``reply`` holds; ``None`` when only
+        :meth:`snapshot` can read it (the script must be reloaded, or a Cluster node redirects
+        the read). Raises :class:`StoreUnavailable`."""
+        try:
+            return decode_snapshot(reply.result())
+        except (NoScript, ReplyError):
+            return None
+
+    async def snapshot(self, key: str, initial: str, *, now_ms: int, cap: int) -> model.KeySnapshot:
+        """The data for one superseding query (``cap`` < 0: every pending task)."""
+        soon = self.snapshot_soon(key, initial, now_ms=now_ms, cap=cap)
+        if soon is not None:
+            try:
+                return decode_snapshot(await soon)
             except (NoScript, ReplyError):
                 pass  # fall back to redis-py, which reloads scripts (and raises real errors)
+        t, p, w, d, _ = keys.group(key)
         try:
             async with asyncio.timeout(self.query_timeout):
                 (raw,) = await self._pipeline(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 import orjson
@@ -72,6 +72,42 @@ def _query(query_string: bytes) -> dict[str, str]:
     return dict(part.partition("=")[::2] for part in text.split("&") if part)
 
 
+class Query(NamedTuple):
+    """A superseding query, checked: what :func:`finish` needs besides the key's snapshot."""
+
+    key: str
+    task_id: str
+    age: int | None
+    size: int | None
+    cap: int
+    started: float  # time.perf_counter() when it began, for the latency histogram
+
+
+def parse(state: State, path: str, query_string: bytes) -> Query | None:
+    """The superseding query ``GET /<path>?<query_string>`` asks, or ``None`` when it asks for
+    the key's listing (no ``taskId``). Raises :class:`InvalidInput` for bad input."""
+    started = time.perf_counter()
+    params = _query(query_string)
+    task_id = params.get("taskId")
+    if task_id is None:
+        return None
+    key = model.key_from_path(path)
+    model.check_task_id(task_id)
+    age = _whole_number("age", params.get("age"))
+    size = _whole_number("size", params.get("size"))
+    return Query(key, task_id, age, size, state.settings.max_list, started)
+
+
+def finish(state: State, query: Query, now_ms: int, snap: model.KeySnapshot) -> bytes:
+    """The JSON answer to ``query`` from ``snap`` (read at ``now_ms``), recorded for the pages
+    and metrics."""
+    answer, reason = model.supersedes(
+        query.task_id, snap, now_ms=now_ms, age=query.age, size=query.size, cap=query.cap
+    )
+    state.observer.answer(query.key, query.task_id, answer, reason, now_ms, query.started)
+    return orjson.dumps({"supersedes": answer})
+
+
 class KeyEndpoint:
     """``GET /<key-path>?taskId=`` → ``{"supersedes": [...]}``, oldest first (seed 000).
 
@@ -89,21 +125,12 @@ class KeyEndpoint:
     async def answer(self, scope: Scope) -> bytes | None:
         """The JSON answer to a superseding query, or ``None`` when ``scope`` asks for the
         key's listing (no ``taskId``). Raises :class:`InvalidInput` for bad input."""
-        started = time.perf_counter()  # for the latency histogram, observed at flush
-        params = _query(scope["query_string"])
-        task_id = params.get("taskId")
-        if task_id is None:
-            return None
         state = scope["app"].state
-        key = model.key_from_path(scope["path_params"]["path"])
-        model.check_task_id(task_id)
-        age = _whole_number("age", params.get("age"))
-        size = _whole_number("size", params.get("size"))
-        cap = state.settings.max_list
-        now_ms, snap = await read_key(state, key, task_id, cap)
-        answer, reason = model.supersedes(task_id, snap, now_ms=now_ms, age=age, size=size, cap=cap)
-        state.observer.answer(key, task_id, answer, reason, now_ms, started)
-        return orjson.dumps({"supersedes": answer})
+        query = parse(state, scope["path_params"]["path"], scope["query_string"])
+        if query is None:
+            return None
+        now_ms, snap = await read_key(state, query.key, query.task_id, query.cap)
+        return finish(state, query, now_ms, snap)
 
 
 async def read_key(state: State, key: str, task_id: str, cap: int) -> tuple[int, model.KeySnapshot]:

@@ -10,6 +10,13 @@ Large`` and closes the connection without reading further. The limit is passed a
 The same protocol sends each ``200`` response's head and body in one write (:class:`OneWrite`),
 where uvicorn makes two: one system call less per query (bench/query.py).
 
+A superseding query (``GET /<key>?taskId=``, the service's hot path) is answered by the protocol
+itself when it can be (:meth:`HeadLimitedProtocol._answer_soon`): the app starts the store's read
+(:meth:`~coalescer.web.app.App.answer_soon`) and the protocol writes the answer when the reply
+comes, without the request cycle, task and ASGI messages uvicorn spends on every request. Any
+other request, and any query that needs more (bad input, a store failure, a task to learn from
+the queue), takes uvicorn's ordinary path to the same app, which answers it as always.
+
 The CLI binds the listening socket itself (:func:`bind`), so that it can name the port it got
 when asked for any (port 0), and so that several worker processes can share it.
 """
@@ -22,16 +29,21 @@ import logging
 import signal
 import socket
 from collections.abc import Iterator
+from functools import partial
 from types import FrameType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
+import httptools
 import uvicorn
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from coalescer.errors import CoalescerError, ConfigError
 from coalescer.observe import HTTP_ERRORS
+
+if TYPE_CHECKING:
+    from coalescer.web.app import Answering, App
 
 log = logging.getLogger("coalescer.web")
 
@@ -82,6 +94,36 @@ class OneWrite:
         return getattr(self._transport, name)
 
 
+class _NoEvent:
+    def set(self) -> None:
+        pass
+
+
+class _Answering:
+    """What uvicorn's protocol reads and sets of a request's cycle, for a query in flight on
+    the fast path."""
+
+    __slots__ = ("body", "disconnected", "keep_alive", "more_body", "response_complete")
+
+    message_event = _NoEvent()
+
+    def __init__(self) -> None:
+        self.body = b""
+        self.more_body = False
+        self.response_complete = False
+        self.disconnected = False
+        self.keep_alive = True
+
+
+def _fast_app(app: Any) -> App | None:
+    """The service's app under uvicorn's middleware, when it answers on the fast path."""
+    for _ in range(8):
+        if hasattr(app, "answer_soon"):
+            return cast("App", app)
+        app = getattr(app, "app", None)
+    return None
+
+
 class HeadLimitedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, refusing a request whose head (request line and headers)
     is larger than ``config.h11_max_incomplete_event_size`` bytes."""
@@ -98,11 +140,101 @@ class HeadLimitedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = cast(asyncio.Transport, OneWrite(transport))
+        self._fast = _fast_app(self.app) if self.limit_concurrency is None else None
+        self._defaults: tuple[object, bytes] = (None, b"")
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._heads_done += 1
+        if self._fast is not None and self._answer_soon(self._fast):
+            return
         super().on_headers_complete()
+
+    def _answer_soon(self, app: App) -> bool:
+        """Take a plain superseding query on the fast path: a keep-alive ``GET`` with no body
+        and nothing else in flight on the connection, which the app can start answering."""
+        if (self.cycle is not None and not self.cycle.response_complete) or self.pipeline:
+            return False
+        parser = self.parser
+        if (
+            parser.get_method() != b"GET"
+            or parser.get_http_version() != "1.1"
+            or not parser.should_keep_alive()
+            or parser.should_upgrade()
+            or any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers)
+        ):
+            return False
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        if b"%" in raw_path:
+            return False
+        path = raw_path.decode("ascii")
+        query_string = url.query or b""
+        answering = app.answer_soon(path, query_string)
+        if answering is None:
+            return False
+        scope = self.scope  # for the ordinary path, should the answer need it
+        scope["method"] = "GET"
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = query_string
+        cycle = _Answering()
+        self.cycle = cast(RequestResponseCycle, cycle)
+        answering.reply.add_done_callback(partial(self._answered, cycle, answering, scope))
+        return True
+
+    def _answered(
+        self, cycle: _Answering, answering: Answering, scope: Any, reply: asyncio.Future[Any]
+    ) -> None:
+        if cycle.disconnected or self.transport.is_closing():
+            cycle.response_complete = True
+            return
+        try:
+            result = answering.finish(reply)
+        except Exception:  # answered (and logged) by the ordinary path
+            result = None
+        if not isinstance(result, bytes):
+            self._ordinary(cycle, scope, result or self.app)
+            return
+        self.transport.write(self._head(len(result)) + result)
+        cycle.response_complete = True
+        if not cycle.keep_alive:  # the server is shutting down
+            self.transport.close()
+        self.on_response_complete()
+
+    def _head(self, length: int) -> bytes:
+        """The head uvicorn writes for :func:`~coalescer.web.api.send_json`'s response."""
+        defaults = self.server_state.default_headers  # replaced every second (its date)
+        if defaults is not self._defaults[0]:
+            self._defaults = (
+                defaults,
+                b"HTTP/1.1 200 OK\r\n" + b"".join(n + b": " + v + b"\r\n" for n, v in defaults),
+            )
+        return self._defaults[1] + (
+            b"content-type: application/json\r\ncontent-length: %d\r\n"
+            b"x-content-type-options: nosniff\r\n\r\n" % length
+        )
+
+    def _ordinary(self, cycle: _Answering, scope: Any, app: Any) -> None:
+        """Hand a query taken on the fast path to uvicorn's request cycle, running ``app``."""
+        ordinary = RequestResponseCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=cycle.keep_alive,
+            on_response=self.on_response_complete,
+        )
+        ordinary.more_body = False
+        cycle.response_complete = True
+        if self.cycle is cast(RequestResponseCycle, cycle):
+            self.cycle = ordinary
+        self._start_asgi_task(ordinary, app)
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes = True, 0

@@ -1,0 +1,201 @@
+"""The server's fast path for superseding queries (web/server.py), on a real ``coalescer serve``
+and a Redis of the test's own: its answers are the ordinary path's to the byte, requests
+pipelined on one connection are answered in order whichever path each takes, and whatever the
+fast path cannot answer (bad input, a frozen or emptied Redis, a client gone) is answered as
+the ordinary path answers it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import taskcluster
+
+from tests.conftest import make_message
+from tests.redis_server import RedisServer, redis_server
+from tests.serving import serving
+
+TOKEN = "fast-path-token"
+TASKS = [taskcluster.slugId() for _ in range(5)]  # oldest first
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def service(redis: RedisServer, tmp_path: Path) -> Iterator[str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COALESCER_", "PULSE_", "TASKCLUSTER_")) and k != "REDIS_URL"
+    }
+    env.update(REDIS_URL=redis.url, COALESCER_INGEST_TOKEN=TOKEN, COALESCER_QUERY_TIMEOUT="0.5")
+    with serving(env, tmp_path / "serve.log") as (base, _):
+        messages = [
+            make_message(t, scheduled=f"2030-01-01T00:00:0{i}.000Z") for i, t in enumerate(TASKS)
+        ]
+        r = httpx.post(
+            f"{base}/v1/events",
+            content=orjson.dumps(messages),
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        yield base
+
+
+def _port(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+def _exchange(base: str, raw: bytes, responses: int, timeout: float = 10) -> list[bytes]:
+    """Send ``raw`` on one connection; the ``responses`` responses read back, each whole."""
+    with socket.create_connection(("127.0.0.1", _port(base)), timeout=timeout) as sock:
+        sock.sendall(raw)
+        data = b""
+        out: list[bytes] = []
+        while len(out) < responses:
+            while b"\r\n\r\n" not in data:
+                chunk = sock.recv(65536)
+                assert chunk, f"connection closed after {out!r} and {data!r}"
+                data += chunk
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            while len(rest) < length:
+                chunk = sock.recv(65536)
+                assert chunk
+                rest += chunk
+            out.append(head + b"\r\n\r\n" + rest[:length])
+            data = rest[length:]
+        return out
+
+
+def _get(path: str, *, version: str = "1.1", extra: str = "") -> bytes:
+    return f"GET {path} HTTP/{version}\r\nHost: x\r\n{extra}\r\n".encode()
+
+
+def _parts(response: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = dict(line.split(b": ", 1) for line in lines)
+    return status, headers, body
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_fast_answer_is_the_ordinary_one_to_the_byte(service: str) -> None:
+    path = f"/k?taskId={TASKS[2]}"
+    (fast,) = _exchange(service, _get(path), 1)
+    # HTTP/1.0 and a body-less POST-like oddity never take the fast path: HTTP/1.0 is ordinary.
+    (ordinary,) = _exchange(service, _get(path, version="1.0"), 1)
+    f_status, f_headers, f_body = _parts(fast)
+    o_status, o_headers, o_body = _parts(ordinary)
+    assert f_status == o_status == b"HTTP/1.1 200 OK"
+    assert f_body == o_body
+    assert orjson.loads(f_body) == {"supersedes": TASKS}
+    o_headers.pop(b"connection")  # the ordinary path closes an HTTP/1.0 connection
+    f_headers.pop(b"date"), o_headers.pop(b"date")
+    assert list(f_headers.items()) == list(o_headers.items())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_pipelined_requests_are_answered_in_order_whatever_path_each_takes(
+    service: str,
+) -> None:
+    requests = [
+        _get(f"/k?taskId={TASKS[0]}"),
+        _get("/__lbheartbeat__"),
+        _get(f"/k?taskId={TASKS[4]}&size=100"),  # a threshold unmet: the task alone
+        _get("/k?taskId=not*a*task"),  # bad input: the ordinary path's 400
+        _get("/k", extra="Accept: application/json\r\n"),  # the key's listing
+        _get(f"/k?taskId={TASKS[3]}"),
+    ]
+    answers = _exchange(service, b"".join(requests), len(requests))
+    statuses = [_parts(a)[0] for a in answers]
+    assert (
+        statuses
+        == [b"HTTP/1.1 200 OK"] * 3 + [b"HTTP/1.1 400 Bad Request"] + [b"HTTP/1.1 200 OK"] * 2
+    )
+    bodies = [orjson.loads(_parts(a)[2]) for a in answers]
+    assert bodies[0] == {"supersedes": TASKS}
+    assert bodies[2] == {"supersedes": [TASKS[4]]}
+    assert "taskId" in bodies[3]["error"]
+    assert [t["taskId"] for t in bodies[4]["pending"]] == TASKS
+    assert bodies[5] == {"supersedes": TASKS}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_frozen_redis_is_the_ordinary_503_and_a_thawed_one_answers_again(
+    service: str, redis: RedisServer
+) -> None:
+    path = f"/k?taskId={TASKS[1]}"
+    redis.freeze()
+    try:
+        (json_answer, page) = (
+            _exchange(service, _get(path), 1)[0],
+            _exchange(service, _get(path, extra="Accept: text/html\r\n"), 1)[0],
+        )
+    finally:
+        redis.thaw()
+    status, headers, body = _parts(json_answer)
+    assert status == b"HTTP/1.1 503 Service Unavailable"
+    assert headers[b"retry-after"] == b"2"
+    assert "unavailable" in orjson.loads(body)["error"]
+    status, headers, body = _parts(page)
+    assert status == b"HTTP/1.1 503 Service Unavailable"
+    assert headers[b"content-type"].startswith(b"text/html")
+    deadline = time.monotonic() + 10
+    while True:  # the lean connection was dropped by its watchdog: it reconnects on demand
+        status, _, body = _parts(_exchange(service, _get(path), 1)[0])
+        if status == b"HTTP/1.1 200 OK" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert orjson.loads(body) == {"supersedes": TASKS}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_an_emptied_redis_is_answered_by_the_ordinary_path(
+    service: str, redis: RedisServer
+) -> None:
+    redis.client.flushall()  # the scripts go too: the fast read answers NOSCRIPT
+    r = httpx.get(f"{service}/k", params={"taskId": TASKS[1]}, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"supersedes": [TASKS[1]]}  # unknown now: answered alone
+    r = httpx.get(f"{service}/k", params={"taskId": TASKS[1]}, timeout=10)
+    assert r.json() == {"supersedes": [TASKS[1]]}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_client_gone_before_its_answer_leaves_the_server_serving(
+    service: str, redis: RedisServer
+) -> None:
+    redis.freeze()
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", _port(service)), timeout=5) as sock:
+                sock.sendall(_get(f"/k?taskId={TASKS[0]}"))
+            # closed at once, its query still waiting for Redis
+    finally:
+        redis.thaw()
+    time.sleep(0.2)
+    with httpx.Client(base_url=service, timeout=10) as client:  # keep-alive: one connection
+        for task in TASKS:
+            r = client.get("/k", params={"taskId": task})
+            assert r.status_code == 200 and r.json() == {"supersedes": TASKS}

@@ -86,10 +86,8 @@ def main() -> int:
             service(ports["coalescer"], REDIS_URL) as service_proc,
         ):
             script = rotation_script(paths, Path(tmp))
-            cpu = {
-                "bare": cpu_of(bare_proc.pid),
-                "coalescer": cpu_of(service_proc.pid, redis_cpu(REDIS_URL)),
-            }
+            used = redis_cpu(REDIS_URL)
+            cpu = {"bare": cpu_of(bare_proc.pid), "coalescer": cpu_of(service_proc.pid, used)}
             check_mix(base["coalescer"], paths, every=7)
             print(
                 f"superseding query, requests/s: median of {ROUNDS} alternating rounds of "
@@ -104,7 +102,7 @@ def main() -> int:
             mix = alternate(
                 {
                     "coalescer": lambda: wrk_run(
-                        base["coalescer"], script=script, cpu=cpu["coalescer"]
+                        base["coalescer"], script=script, cpu=cpu["coalescer"], redis=used
                     ),
                     "bare": lambda: wrk_run(base["bare"], script=script, cpu=cpu["bare"]),
                 }
@@ -113,7 +111,7 @@ def main() -> int:
             one = alternate(
                 {
                     "coalescer": lambda: wrk_run(
-                        base["coalescer"], path=single, cpu=cpu["coalescer"]
+                        base["coalescer"], path=single, cpu=cpu["coalescer"], redis=used
                     ),
                     "bare": lambda: wrk_run(base["bare"], path=single, cpu=cpu["bare"]),
                 }
@@ -158,20 +156,21 @@ def main() -> int:
     print(f"\nsummary (medians; {load()}):")
     print(
         f"  {'':28} {'coalescer':>10} {'bare':>10} {'ratio':>7}   CPU us/request: "
-        f"{'coalescer':>9} {'bare':>6} {'bare/coalescer':>14}"
+        f"{'coalescer (web + Redis)':>23} {'bare':>6} {'bare/coalescer':>14}"
     )
     for name, m in (("rotating mix", mix), ("one URL", one)):
         c, b = m["coalescer"], m["bare"]
+        split = f"{c.cpu_us:.0f} ({c.cpu_us - c.redis_us:.0f} + {c.redis_us:.0f})"
         print(
             f"  {name:28} {c.rps:10.0f} {b.rps:10.0f} {c.rps / b.rps:6.2f}x   {'':16}"
-            f"{c.cpu_us:9.0f} {b.cpu_us:6.0f} {b.cpu_us / c.cpu_us:13.2f}x"
+            f"{split:>23} {b.cpu_us:6.0f} {b.cpu_us / c.cpu_us:13.2f}x"
             + (f"  (target >= {TARGET} in requests/s)" if name == "rotating mix" else "")
         )
     if tc:
         c, t = tc["compat route"], tc["tc-coalesce"]
         print(
             f"  {'tc-coalesce route, one URL':28} {c.rps:10.0f} {t.rps:10.0f} "
-            f"{c.rps / t.rps:6.1f}x   {'':16}{c.cpu_us:9.0f} {t.cpu_us:6.0f}"
+            f"{c.rps / t.rps:6.1f}x   {'':16}{c.cpu_us:23.0f} {t.cpu_us:6.0f}"
             f" {t.cpu_us / c.cpu_us:13.1f}x  (the second column: the tc-coalesce model, Flask "
             "on one gunicorn worker)"
         )

@@ -144,10 +144,11 @@ def rotation_script(paths: Sequence[str], directory: Path) -> Path:
 class Run(NamedTuple):
     """One wrk run: requests per second, and CPU time spent per request (microseconds) by the
     processes serving it, Redis included: the machine's load moves the first much more than the
-    second."""
+    second. ``redis_us``: Redis's part of ``cpu_us``, when it was counted apart."""
 
     rps: float
     cpu_us: float
+    redis_us: float = float("nan")
 
 
 def tree_cpu(pid: int) -> float:
@@ -186,22 +187,26 @@ def wrk_run(
     path: str = "",
     seconds: int = SECONDS,
     cpu: Callable[[], float] | None = None,
+    redis: Callable[[], float] | None = None,
 ) -> Run:
     """wrk against ``base`` (rotating over ``script``'s paths, or asking ``path``), with the CPU
-    time ``cpu`` counts over the run; any non-2xx answer or socket error stops the benchmark."""
+    time ``cpu`` counts over the run, and of it ``redis``'s; any non-2xx answer or socket error
+    stops the benchmark."""
     argv = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s"]
     if script is not None:
         argv += ["-s", str(script)]
     before = cpu() if cpu is not None else 0.0
+    redis_before = redis() if redis is not None else 0.0
     out = subprocess.run([*argv, base + path], capture_output=True, text=True, check=True).stdout
     spent = (cpu() - before) if cpu is not None else float("nan")
+    redis_spent = (redis() - redis_before) if redis is not None else float("nan")
     if re.search(
         r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*(?:read|write|timeout) [1-9]", out
     ):
         raise SystemExit(f"{base} answered errors:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    return Run(rps, spent / max(requests, 1) * 1e6)
+    return Run(rps, spent / max(requests, 1) * 1e6, redis_spent / max(requests, 1) * 1e6)
 
 
 def wrk(base: str, *, script: Path | None = None, path: str = "", seconds: int = SECONDS) -> float:
@@ -286,7 +291,7 @@ def alternate(runs: dict[str, Callable[[], Run]], rounds: int = ROUNDS) -> dict[
             flush=True,
         )
     return {
-        name: Run(statistics.median(r.rps for r in v), statistics.median(r.cpu_us for r in v))
+        name: Run(*(statistics.median(column) for column in zip(*v, strict=True)))
         for name, v in results.items()
     }
 

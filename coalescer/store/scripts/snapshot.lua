@@ -7,9 +7,11 @@
 -- initial task; `rank`, the state rank of the initial task's newest known run (0: unknown). Pending tasks past their deadline are dropped first: the queue has resolved
 -- them, whether or not that event has arrived.
 local t, p, w, d = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local initial, now, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Arguments go to redis.call as the strings they came as: a Lua number would be formatted
+-- anew on every call.
+local initial, now, cap = ARGV[1], ARGV[2], ARGV[3]
 
-for _, old in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', 0, 256)) do
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', '0', '256')) do
   redis.call('ZREM', p, old)
   redis.call('ZREM', w, old)
   redis.call('ZREM', d, old)
@@ -38,11 +40,8 @@ if initial ~= '' then
   end
 end
 
-local stop = cap - 1
-if cap < 0 then
-  stop = -1
-end
-local newest = redis.call('ZREVRANGE', p, 0, stop)
+-- By score, newest first, at most `cap` (a negative count: all of them).
+local newest = redis.call('ZRANGE', p, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', '0', cap)
 for i = 1, #newest do
   out[i + 4] = newest[i]
 end

@@ -12,7 +12,9 @@ coalescing keys):
 
 The machine this runs on is shared, so each line gives the median of ``--rounds`` rounds of
 wall-clock events/s, and beside it the events per CPU-second the ingesting process used (what
-one core would do; it moves far less with the load), the target, and the load average.
+one core would do; it moves far less with the load), the target, and the load average. The http
+part also gives the CPU time the private Redis spent per event (``INFO cpu``): Redis shares the
+machine's cores.
 
     .venv/bin/python scripts/with_services.py .venv/bin/python bench/ingest.py \\
         [--rounds 3] [--messages 20000] [--http-messages 60000] [--http-batch 1000]
@@ -122,11 +124,20 @@ async def wait_until(check: Callable[[], bool], what: str, proc: subprocess.Pope
 
 
 class Round:
-    """One round's figures."""
+    """One round's figures (``redis_cpu``: the CPU-seconds Redis used, when measured)."""
 
-    def __init__(self, events: int, seconds: float, cpu: float) -> None:
+    def __init__(
+        self, events: int, seconds: float, cpu: float, redis_cpu: float | None = None
+    ) -> None:
         self.rate = events / seconds
         self.per_cpu = events / cpu if cpu else float("inf")
+        self.redis_us = None if redis_cpu is None else redis_cpu / events * 1e6
+
+
+def redis_cpu_seconds(server: RedisServer) -> float:
+    """User plus system CPU time of the private ``redis-server`` so far (``INFO cpu``)."""
+    info = server.client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def pulse_round(
@@ -237,11 +248,13 @@ async def http_round(
                     applied += sum(r["status"] in ("applied", "stale") for r in results)
 
             started, cpu = time.monotonic(), cpu_seconds(proc.pid)
+            redis_cpu = redis_cpu_seconds(server)
             await asyncio.gather(*(post() for _ in range(clients)))
             took, cpu = time.monotonic() - started, cpu_seconds(proc.pid) - cpu
+            redis_cpu = redis_cpu_seconds(server) - redis_cpu
         if applied != n:
             sys.exit(f"http: {applied} of {n} events applied or stale")
-        return Round(n, took, cpu)
+        return Round(n, took, cpu, redis_cpu)
     finally:
         stop(proc)
 
@@ -250,10 +263,12 @@ def line(name: str, rounds: list[Round], target: int, detail: str) -> str:
     rate = statistics.median(r.rate for r in rounds)
     per_cpu = statistics.median(r.per_cpu for r in rounds)
     each = ", ".join(f"{r.rate:,.0f}" for r in rounds)
+    redis = [r.redis_us for r in rounds if r.redis_us is not None]
+    redis_cpu = f"; Redis {statistics.median(redis):.1f} µs CPU per event" if redis else ""
     return (
         f"{name:<14} {rate:>7,.0f} events/s median ({each}); {per_cpu:>7,.0f} per CPU-second; "
-        f"target {target:,}: {rate / target:.2f}x ({per_cpu / target:.2f}x per CPU-second); "
-        f"{detail}; load {os.getloadavg()[0]:.2f}"
+        f"target {target:,}: {rate / target:.2f}x ({per_cpu / target:.2f}x per CPU-second)"
+        f"{redis_cpu}; {detail}; load {os.getloadavg()[0]:.2f}"
     )
 
 
@@ -302,7 +317,8 @@ async def main(args: argparse.Namespace) -> int:
                     )
                     http[code].append(r)
                     print(
-                        f"  round {i + 1} http  {r.rate:>7,.0f} events/s, {r.per_cpu:>7,.0f}/CPU-s ({which})"
+                        f"  round {i + 1} http  {r.rate:>7,.0f} events/s, {r.per_cpu:>7,.0f}/CPU-s, "
+                        f"Redis {r.redis_us:.1f} µs/event ({which})"
                     )
     finally:
         server.kill()

@@ -37,6 +37,14 @@ EXCHANGE_STATES = {
 
 #: The exchanges whose messages change the index, by full name.
 TASK_EXCHANGES = frozenset(EXCHANGE_PREFIX + name for name in EXCHANGE_STATES)
+#: Exchange, by full or short name → the state its messages announce and their schema.
+_ANNOUNCES = {
+    exchange: (state, f"{name}-message")
+    for name, state in EXCHANGE_STATES.items()
+    for exchange in (EXCHANGE_PREFIX + name, name)
+}
+#: Each state's rank, as a plain number (comparing ``Rank`` members costs more, per event).
+_RANKS = {state: int(rank) for state, rank in STATE_RANKS.items()}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,9 +95,12 @@ def to_event(message: Message, *, prefix: str, rank_tag: str | None = None) -> T
 
     Raises :class:`InvalidEvent` for a message that can never be applied.
     """
-    if message.exchange not in TASK_EXCHANGES and message.exchange in queue_exchanges():
-        return None
-    state = exchange_state(message.exchange)
+    announces = _ANNOUNCES.get(message.exchange)
+    if announces is None:
+        if message.exchange in queue_exchanges():
+            return None
+        raise InvalidEvent(f"not a task state exchange: {message.exchange!r}")
+    state, schema = announces
     if len(message.routes) > MAX_ROUTES:
         raise InvalidEvent(
             f"the message names {len(message.routes)} routes; a queue message carries at most "
@@ -99,9 +110,9 @@ def to_event(message: Message, *, prefix: str, rank_tag: str | None = None) -> T
     if not keys:
         return None
     body = message.payload
-    name = message.exchange.removeprefix(EXCHANGE_PREFIX)
-    problems = validation.errors(f"{name}-message", body)
+    problems = validation.errors(schema, body)
     if problems:
+        name = schema.removesuffix("-message")
         raise InvalidEvent(f"{name} message fails its schema: " + "; ".join(problems))
     if "runId" in body:
         announced = (int(body["runId"]), state)
@@ -139,19 +150,28 @@ def status_event(
         else:
             return None
     run_id, state = announced
-    rank = STATE_RANKS[state]
+    rank = _RANKS[state]
+    last = runs[-1] if runs else None
     try:
         # Newest knowledge wins: the announced run, or a later run the status shows.
-        if runs and (runs[-1]["runId"], STATE_RANKS[runs[-1]["state"]]) > (run_id, rank):
-            run_id, state = runs[-1]["runId"], runs[-1]["state"]
+        if last is not None and (last["runId"], _RANKS[last["state"]]) > (run_id, rank):
+            run_id, state = last["runId"], last["state"]
         deadline_ms = parse_time_ms(status["deadline"])
-        since_ms = parse_time_ms(runs[-1]["scheduled"]) if runs else deadline_ms
+        since_ms = parse_time_ms(last["scheduled"]) if last is not None else deadline_ms
         if order is None:
-            order = _order(tags or {}, runs, rank_tag, deadline_ms)
+            # A task's first run is, most often, its only one: parsed once.
+            first_ms = since_ms if len(runs) == 1 else None
+            order = _order(tags or {}, runs, rank_tag, deadline_ms, first_ms)
     except InvalidInput as exc:
         raise InvalidEvent(str(exc)) from exc
-    reason = runs[-1].get("reasonResolved", "") if runs else "deadline-exceeded"
-    times = _run_times(runs[-1]) if runs and runs[-1].get("runId") == run_id else (0, 0)
+    if last is None:
+        reason, started_ms, resolved_ms = "deadline-exceeded", 0, 0
+    else:
+        reason = last.get("reasonResolved", "")
+        if last.get("runId") == run_id:
+            started_ms, resolved_ms = _run_time(last, "started"), _run_time(last, "resolved")
+        else:
+            started_ms, resolved_ms = 0, 0
     return TaskEvent(
         task_id=status["taskId"],
         run_id=run_id,
@@ -161,24 +181,30 @@ def status_event(
         deadline_ms=deadline_ms,
         pending_since_ms=since_ms,
         reason=reason,
-        started_ms=times[0],
-        resolved_ms=times[1],
+        started_ms=started_ms,
+        resolved_ms=resolved_ms,
     )
 
 
-def _run_times(run: Mapping[str, Any]) -> tuple[int, int]:
-    """``(started_ms, resolved_ms)`` of a run, 0 for what it lacks (or cannot be read: these
-    only tune superseding policies, so they never make an event invalid)."""
-    out = []
-    for field in ("started", "resolved"):
-        try:
-            out.append(parse_time_ms(run[field]) if field in run else 0)
-        except InvalidInput:
-            out.append(0)
-    return out[0], out[1]
+def _run_time(run: Mapping[str, Any], field: str) -> int:
+    """A run's ``started`` or ``resolved`` time in ms, 0 when it lacks it (or it cannot be
+    read: these only tune superseding policies, so they never make an event invalid)."""
+    value = run.get(field)
+    if value is None:
+        return 0
+    try:
+        return parse_time_ms(value)
+    except InvalidInput:
+        return 0
 
 
-def _order(tags: Mapping[str, Any], runs: list[Any], rank_tag: str | None, fallback: int) -> float:
+def _order(
+    tags: Mapping[str, Any],
+    runs: list[Any],
+    rank_tag: str | None,
+    fallback: int,
+    first_ms: int | None = None,
+) -> float:
     if rank_tag is not None:
         raw: Any = tags.get(rank_tag)
         try:
@@ -191,4 +217,6 @@ def _order(tags: Mapping[str, Any], runs: list[Any], rank_tag: str | None, fallb
             raise InvalidInput(f"task tag {rank_tag!r} is out of range: {raw!r}")
         return value
     # Tasks resolved before any run sort by deadline; they are never offered anyway.
-    return float(parse_time_ms(runs[0]["scheduled"])) if runs else float(fallback)
+    if not runs:
+        return float(fallback)
+    return float(parse_time_ms(runs[0]["scheduled"]) if first_ms is None else first_ms)

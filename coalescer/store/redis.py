@@ -58,6 +58,9 @@ _SCRIPTS = (
 )
 #: How many resolutions and answers each key remembers for the pages.
 LOG_LENGTH = 50
+#: Most events of one key that one ``apply.lua`` call applies (Redis runs nothing else
+#: meanwhile: a few milliseconds at most).
+APPLY_BATCH = 250
 #: Redis error codes that describe the server's condition, never the command: retry later.
 CONDITIONS = {
     "OOM": "full",
@@ -237,71 +240,79 @@ class Store:
         now_ms: int | None = None,
         policy: KeyPolicy | None = None,
     ) -> list[Outcome]:
-        """Apply events, one script call per (event, key), all in one round trip.
+        """Apply events in one round trip: one ``apply.lua`` call per key for up to
+        :data:`APPLY_BATCH` of its events, in their order (a call touches one key's hash slot,
+        and applies each event atomically, as a call per event would).
 
         An event's outcome is ``applied`` if any of its keys took it, else ``stale`` or
         ``expired``. Safe to repeat: versions make every call idempotent.
 
-        With a ``policy``, each call on a key whose rule decides on arrival is followed, in the
-        same round trip, by ``decide.lua`` (see :mod:`coalescer.store.policy`); keys without
-        such a rule cost exactly what they cost without a policy.
+        With a ``policy``, each event on a key whose rule decides on arrival is applied in a
+        call of its own, followed in the same round trip by ``decide.lua`` (see
+        :mod:`coalescer.store.policy`); keys without such a rule cost exactly what they cost
+        without a policy.
         """
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        calls = [(i, key) for i, ev in enumerate(events) for key in ev.keys]
-        if not calls:
+        per_key: dict[str, list[int]] = {}
+        for i, ev in enumerate(events):
+            for key in ev.keys:
+                per_key.setdefault(key, []).append(i)
+        if not per_key:
             return ["ignored"] * len(events)
         deciding: dict[str, list[str | int]] = {}
         if policy is not None:
-            for _, key in calls:
-                if key not in deciding and (args := policy.script_args(key)) is not None:
+            for key in per_key:
+                if (args := policy.script_args(key)) is not None:
                     deciding[key] = list(args)
-        # Where each apply.lua result lands among the pipeline's replies.
+        # One apply.lua call per (key, batch of its events), and where its reply lands.
+        calls: list[tuple[str, list[int]]] = []
+        for key, indexes in per_key.items():
+            step = 1 if key in deciding else APPLY_BATCH
+            calls.extend((key, indexes[j : j + step]) for j in range(0, len(indexes), step))
         positions: list[int] = []
         at = 0
-        for _, key in calls:
+        for key, _ in calls:
             positions.append(at)
             at += 2 if key in deciding else 1
 
         def fill(pipe: Any) -> None:
-            for i, key in calls:
-                ev = events[i]
-                self._eval(pipe, "apply", keys.group(key), *apply_args(ev, now, self.grace_ms))
+            for key, indexes in calls:
+                self._eval(
+                    pipe,
+                    "apply",
+                    (*keys.group(key), keys.resolutions(key)),
+                    *apply_args([events[i] for i in indexes], now, self.grace_ms, LOG_LENGTH),
+                )
                 if key in deciding:
-                    queue_decide(self, pipe, key, deciding[key], now, ev)
+                    queue_decide(self, pipe, key, deciding[key], now, events[indexes[0]])
             # A key is known until the newest deadline plus grace of its tasks (keyset.py).
             expiring: dict[str, int] = {}
-            for i, key in calls:
-                expires = keyset.expires_ms(events[i].deadline_ms, self.grace_ms)
+            for key, indexes in per_key.items():
+                newest = max(events[i].deadline_ms for i in indexes)
+                expires = keyset.expires_ms(newest, self.grace_ms)
                 if expires > now:
-                    expiring[key] = max(expires, expiring.get(key, 0))
+                    expiring[key] = expires
             if expiring:
                 pairs = [a for item in expiring.items() for a in item]
                 self._eval(pipe, "list", (keys.KEYS_INDEX, keys.KEYS_EXPIRY), now, *pairs)
             if deciding:
                 pipe.zadd(keys.OUTBOX, {key: now for key in deciding})
-            for i, key in calls:
-                ev = events[i]
-                if ev.rank == model.Rank.RESOLVED:
-                    entry = f"{now}|resolved|{ev.task_id}|{ev.run_id}|{ev.state}|{ev.reason}"
-                    # Apart from the answers (``log``): a busy key's answers would push them out.
-                    pipe.lpush(keys.resolutions(key), entry)
-                    pipe.ltrim(keys.resolutions(key), 0, LOG_LENGTH - 1)
-                    pipe.pexpire(keys.resolutions(key), ev.deadline_ms + self.grace_ms - now)
 
         replies = await self._batch(fill)
         failed: set[int] = set()  # events with a key whose script did not run
         errors = [store_error(r) for r in replies if isinstance(r, Exception)]
         outcomes: list[Outcome] = ["ignored"] * len(events)
-        for (i, _key), j in zip(calls, positions, strict=True):
+        for (_key, indexes), j in zip(calls, positions, strict=True):
             result = replies[j]
             if isinstance(result, Exception):
-                failed.add(i)
+                failed.update(indexes)
                 continue
-            got = result.decode() if isinstance(result, bytes) else str(result)
-            if got == "applied" or outcomes[i] == "ignored":
-                outcomes[i] = cast(Outcome, got)
-            elif got == "stale" and outcomes[i] == "expired":
-                outcomes[i] = "stale"
+            for i, raw in zip(indexes, result, strict=True):
+                got = raw.decode() if isinstance(raw, bytes) else str(raw)
+                if got == "applied" or outcomes[i] == "ignored":
+                    outcomes[i] = cast(Outcome, got)
+                elif got == "stale" and outcomes[i] == "expired":
+                    outcomes[i] = "stale"
         if not errors:
             return outcomes
         done = [None if i in failed else outcomes[i] for i in range(len(events))]
@@ -556,20 +567,27 @@ class IndexState:
         return cls(state, int(since or 0), int(rebuilt) if rebuilt else None, bool(int(raw[3])))
 
 
-def apply_args(ev: model.TaskEvent, now_ms: int, grace_ms: int) -> tuple[Any, ...]:
-    """``apply.lua``'s ARGV for one event (see its header)."""
-    return (
-        ev.task_id,
-        ev.run_id,
-        int(ev.rank),
-        ev.state,
-        repr(ev.order),
-        ev.deadline_ms,
-        ev.pending_since_ms,
-        now_ms,
-        grace_ms,
-        ev.reason,
-    )
+#: Each state's rank, as a plain number for the script's arguments.
+_RANKS = {state: int(rank) for state, rank in model.STATE_RANKS.items()}
+
+
+def apply_args(
+    events: Sequence[model.TaskEvent], now_ms: int, grace_ms: int, log_length: int
+) -> list[Any]:
+    """``apply.lua``'s ARGV for ``events`` of one key (see its header)."""
+    args: list[Any] = [now_ms, grace_ms, log_length]
+    for ev in events:
+        args += (
+            ev.task_id,
+            ev.run_id,
+            _RANKS[ev.state],
+            ev.state,
+            repr(ev.order),
+            ev.deadline_ms,
+            ev.pending_since_ms,
+            ev.reason,
+        )
+    return args
 
 
 def _script(name: str, embedded: bool) -> str:

@@ -2,8 +2,8 @@
 replay's keys deleted when it is done.
 
 A replay asks the index once for every task a modelled worker claims, after telling it what
-happened since the last question. Both go in one round trip: ``apply.lua`` for every (event,
-key), then ``snapshot.lua`` for the asked key, the very scripts the service runs. The pages'
+happened since the last question. Both go in one round trip: ``apply.lua`` for every key's
+events, then ``snapshot.lua`` for the asked key, the very scripts the service runs. The pages'
 logs (recent answers and resolutions) that :meth:`Store.apply` also keeps are not written: a
 replay's keys are never shown.
 """
@@ -58,15 +58,20 @@ async def apply_and_ask(
     cap: int,
 ) -> model.KeySnapshot:
     """Apply ``events`` (every key of each), then read ``key``'s snapshot for ``initial``."""
+    per_key: dict[str, list[model.TaskEvent]] = {}
+    for ev in events:
+        for k in ev.keys:
+            per_key.setdefault(k, []).append(ev)
     calls = [
-        [*keys.group(k), *apply_args(ev, now_ms, store.grace_ms)] for ev in events for k in ev.keys
+        [*keys.group(k), keys.resolutions(k), *apply_args(evs, now_ms, store.grace_ms, 0)]
+        for k, evs in per_key.items()
     ]
     t, p, w, d, _ = keys.group(key)
     if isinstance(store.fast, PipelinedClient) and store._sha:
         # Commands on one connection run in the order sent: the applies before the read.
         try:
             sha = store._sha["apply"]
-            sent = [store.fast.execute("EVALSHA", sha, 5, *args) for args in calls]
+            sent = [store.fast.execute("EVALSHA", sha, 6, *args) for args in calls]
             read = store.fast.execute(
                 "EVALSHA", store._sha["snapshot"], 4, t, p, w, d, initial, now_ms, cap
             )
@@ -78,7 +83,7 @@ async def apply_and_ask(
 
     def fill(pipe: Any) -> None:
         for args in calls:
-            store._eval(pipe, "apply", args[:5], *args[5:])
+            store._eval(pipe, "apply", args[:6], *args[6:])
         store._eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
 
     replies = await store._pipeline(fill)

@@ -116,10 +116,11 @@ async def post_events(request: Request) -> Response:
     events: list[TaskEvent] = []
     messages: list[Message] = []
     slots: list[int] = []
+    prefix, rank_tag = settings.route_prefix, settings.rank_tag
     for i, item in enumerate(docs):
         try:
             message = Message.from_json(item)
-            event = to_event(message, prefix=settings.route_prefix, rank_tag=settings.rank_tag)
+            event = to_event(message, prefix=prefix, rank_tag=rank_tag)
         except InvalidEvent as exc:
             results[i] = {"status": "invalid", "error": str(exc)}
             continue

@@ -94,8 +94,39 @@ async def test_a_task_with_several_routes_is_indexed_under_each(store: Store) ->
     assert await pending(store, "k1") == [] and await pending(store, "k2") == []
 
 
+async def test_one_batch_applies_each_event_in_turn_as_separate_calls_would(
+    store: Store, redis_client: aioredis.Redis
+) -> None:
+    # A task's whole life and its redeliveries in one batch, with another task in between.
+    batch = [
+        ev("A"),
+        ev("B", order=2),
+        ev("A", state="running"),
+        ev("A"),
+        ev("A", state="completed"),
+        ev("A", state="running"),
+        ev("A", state="completed"),
+        ev("A", 1, "pending", order=5),
+    ]
+    outcomes = ["applied", "applied", "applied", "stale", "applied", "stale", "stale", "applied"]
+    assert await store.apply(batch, now_ms=NOW) == outcomes
+    # The retry is pending again in the task's first place.
+    assert await pending(store) == ["A", "B"]
+    record = await redis_client.hget(keys.group("k")[0], "A")
+    assert record == f"1|1|1.0|{NOW + 24 * HOUR}|{NOW}|pending|".encode()
+    # Every resolution delivered is logged, newest first, as separate calls would log them.
+    logged = await redis_client.lrange(keys.resolutions("k"), 0, -1)
+    assert [entry.decode().split("|")[1:5] for entry in logged] == [
+        ["resolved", "A", "0", "completed"],
+        ["resolved", "A", "0", "completed"],
+    ]
+    ttl = await redis_client.pttl(keys.resolutions("k"))
+    assert 0 < ttl <= 24 * HOUR + store.grace_ms
+
+
 def test_one_key_lives_in_one_cluster_hash_slot() -> None:
-    slots = {key_slot(name.encode()) for name in (*keys.group("a.b"), keys.log("a.b"))}
+    names = (*keys.group("a.b"), keys.log("a.b"), keys.resolutions("a.b"))
+    slots = {key_slot(name.encode()) for name in names}
     assert len(slots) == 1
     assert key_slot(keys.group("c.d")[0].encode()) not in slots
 

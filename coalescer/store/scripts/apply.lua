@@ -1,55 +1,113 @@
 #!lua
--- Apply one task event to one coalescing key, atomically.
--- KEYS: t p w d x  (see keys.py)
--- ARGV: taskId runId rank state order deadline_ms since_ms now_ms grace_ms reason
--- Returns 'applied', 'stale' (version not newer than the stored one) or 'expired' (past
--- deadline plus grace: forgotten for good, so a late duplicate cannot resurrect it).
-local t, p, w, d, x = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local id, run, rank = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local state, order = ARGV[4], ARGV[5]
-local deadline, since = tonumber(ARGV[6]), ARGV[7]
-local now, grace = tonumber(ARGV[8]), tonumber(ARGV[9])
+-- Apply task events to one coalescing key, each atomically, in the order given: what one call
+-- per event would do, in one call (a batch's events of one key share the sweep, the TTLs and
+-- the log's upkeep).
+-- KEYS: t p w d x res  (see keys.py)
+-- ARGV: now_ms grace_ms log_length, then per event (8 each):
+--       taskId runId rank state order deadline_ms since_ms reason
+-- Returns, per event, 'applied', 'stale' (version not newer than the stored one) or 'expired'
+-- (past deadline plus grace: forgotten for good, so a late duplicate cannot resurrect it).
+-- With log_length > 0, every resolution event (rank 3), whatever its outcome, is also logged
+-- in res (newest first, log_length kept), which lives until its last one's deadline + grace.
+local t, p, w, d, x, res = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local now, grace, log_length = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local FIELDS = 8
+local n = (#ARGV - 3) / FIELDS
+-- Variadic commands take at most this many members at once (Lua's stack limit).
+local CHUNK = 1000
 
--- Forget tasks past deadline + grace, a bounded batch per call.
-for _, old in ipairs(redis.call('ZRANGEBYSCORE', x, '-inf', now - grace, 'LIMIT', 0, 64)) do
-  redis.call('HDEL', t, old)
-  redis.call('ZREM', p, old)
-  redis.call('ZREM', w, old)
-  redis.call('ZREM', d, old)
-  redis.call('ZREM', x, old)
-end
-if deadline + grace <= now then
-  return 'expired'
-end
-
-local cur = redis.call('HGET', t, id)
-if cur then
-  local crun, crank, corder = string.match(cur, '^(%d+)|(%d+)|([^|]*)|')
-  crun, crank = tonumber(crun), tonumber(crank)
-  if run < crun or (run == crun and rank <= crank) then
-    return 'stale'
+local function each_chunk(command, key, members)
+  for from = 1, #members, CHUNK do
+    redis.call(command, key, unpack(members, from, math.min(from + CHUNK - 1, #members)))
   end
-  order = corder -- a task keeps its place: retried runs are pending again where they were
 end
 
-redis.call('HSET', t, id, table.concat({run, rank, order, deadline, since, state, ARGV[10]}, '|'))
-redis.call('ZADD', x, deadline, id)
-if rank == 1 and deadline > now then
-  redis.call('ZADD', p, order, id)
-  redis.call('ZADD', w, since, id)
-  redis.call('ZADD', d, deadline, id)
-else
-  redis.call('ZREM', p, id)
-  redis.call('ZREM', w, id)
-  redis.call('ZREM', d, id)
+-- Forget tasks past deadline + grace, a bounded batch per event. None of this call's events
+-- can touch them (an event past its deadline + grace is 'expired' before it reads anything).
+local old = redis.call('ZRANGEBYSCORE', x, '-inf', now - grace, 'LIMIT', 0, 64 * n)
+if #old > 0 then
+  each_chunk('HDEL', t, old)
+  each_chunk('ZREM', p, old)
+  each_chunk('ZREM', w, old)
+  each_chunk('ZREM', d, old)
+  each_chunk('ZREM', x, old)
+end
+
+local outcomes = {}
+local ttl = nil -- the newest deadline + grace - now among the applied events
+local logged, log_ttl, log_cleared = {}, nil, false
+for i = 0, n - 1 do
+  local b = 3 + i * FIELDS
+  local id, run, rank = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local state, order = ARGV[b + 4], ARGV[b + 5]
+  local deadline, since = tonumber(ARGV[b + 6]), ARGV[b + 7]
+  local outcome, crank, cdeadline = 'applied', nil, nil
+  if deadline + grace <= now then
+    outcome = 'expired'
+  else
+    local cur = redis.call('HGET', t, id)
+    if cur then
+      local crun, corder
+      crun, crank, corder, cdeadline = string.match(cur, '^(%d+)|(%d+)|([^|]*)|([^|]*)|')
+      crun, crank = tonumber(crun), tonumber(crank)
+      if run < crun or (run == crun and rank <= crank) then
+        outcome = 'stale'
+      else
+        order = corder -- a task keeps its place: retried runs are pending again where they were
+      end
+    end
+  end
+  if outcome == 'applied' then
+    -- Numbers as the caller wrote them: formatting Lua's numbers costs more than the writes.
+    redis.call('HSET', t, id, ARGV[b + 2] .. '|' .. ARGV[b + 3] .. '|' .. order .. '|' ..
+      ARGV[b + 6] .. '|' .. since .. '|' .. state .. '|' .. ARGV[b + 8])
+    if cdeadline ~= ARGV[b + 6] then -- a known task is in x already, by the same deadline
+      redis.call('ZADD', x, deadline, id)
+    end
+    if rank == 1 and deadline > now then
+      redis.call('ZADD', p, order, id)
+      redis.call('ZADD', w, since, id)
+      redis.call('ZADD', d, deadline, id)
+    elseif crank == nil or crank == 1 then
+      -- Only a task held as pending can be in p, w and d (every script keeps it so).
+      redis.call('ZREM', p, id)
+      redis.call('ZREM', w, id)
+      redis.call('ZREM', d, id)
+    end
+    if ttl == nil or deadline + grace - now > ttl then
+      ttl = deadline + grace - now
+    end
+  end
+  outcomes[i + 1] = outcome
+  if log_length > 0 and rank == 3 then
+    local entry_ttl = deadline + grace - now
+    if entry_ttl > 0 then
+      logged[#logged + 1] = table.concat({ARGV[1], 'resolved', id, ARGV[b + 2], state, ARGV[b + 8]}, '|')
+      log_ttl = entry_ttl
+    else -- an expiry of 0 or less deletes the log, and what came before in it
+      logged, log_ttl, log_cleared = {}, nil, true
+    end
+  end
 end
 
 -- Nothing outlives the newest deadline + grace it holds.
-local ttl = deadline + grace - now
-for _, k in ipairs(KEYS) do
-  local cur_ttl = redis.call('PTTL', k)
-  if cur_ttl ~= -2 and cur_ttl < ttl then
-    redis.call('PEXPIRE', k, ttl)
+if ttl ~= nil then
+  for k = 1, 5 do
+    local cur_ttl = redis.call('PTTL', KEYS[k])
+    if cur_ttl ~= -2 and cur_ttl < ttl then
+      redis.call('PEXPIRE', KEYS[k], ttl)
+    end
   end
 end
-return 'applied'
+
+if log_cleared then
+  redis.call('DEL', res)
+end
+if #logged > 0 then
+  -- Only the newest log_length entries would survive the trim.
+  local from = math.max(1, #logged - log_length + 1)
+  redis.call('LPUSH', res, unpack(logged, from))
+  redis.call('LTRIM', res, 0, log_length - 1)
+  redis.call('PEXPIRE', res, log_ttl)
+end
+return outcomes

@@ -7,10 +7,9 @@ message schema for that exchange.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from coalescer import schemas
 from coalescer.errors import InvalidEvent, InvalidInput
@@ -47,8 +46,9 @@ _ANNOUNCES = {
 _RANKS = {state: int(rank) for state, rank in STATE_RANKS.items()}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
+    """A Pulse message as ingest takes it (a named tuple: one is made per event)."""
+
     exchange: str
     routing_key: str
     routes: tuple[str, ...]

@@ -10,9 +10,10 @@ when it closes, :attr:`Session.closed` says why, and the consumer opens a new on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -162,9 +163,10 @@ class Session:
             deliver(Delivery(channel, method, properties, body))
 
         consumed: asyncio.Future[Any] = self._expect()
-        tag: str = self._channel.basic_consume(
-            queue, on_message, callback=lambda frame: _resolve(consumed, frame)
-        )
+        with _refused():
+            tag: str = self._channel.basic_consume(
+                queue, on_message, callback=lambda frame: _resolve(consumed, frame)
+            )
         await consumed
         return tag
 
@@ -201,7 +203,8 @@ class Session:
 
     async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         reply = self._expect()
-        method(*args, callback=lambda frame: _resolve(reply, frame), **kwargs)
+        with _refused():
+            method(*args, callback=lambda frame: _resolve(reply, frame), **kwargs)
         return await reply
 
     def _lost(self, exc: BaseException) -> None:
@@ -212,6 +215,15 @@ class Session:
             self.closed.set_result(exc)
         if not (self.connection.is_closing or self.connection.is_closed):
             self.connection.close()  # a channel closed by the broker: start afresh
+
+
+@contextlib.contextmanager
+def _refused() -> Iterator[None]:
+    # A channel or connection that closed between two replies: the session is over.
+    try:
+        yield
+    except Error as exc:
+        raise Unavailable(str(exc) or type(exc).__name__) from exc
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:

@@ -112,6 +112,9 @@ def setup(level: str = "INFO", json: bool = True) -> None:
     root.setLevel(level)
     for noisy in ("aiormq", "aio_pika"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # pika reports a lost or refused connection at each layer it tears down; the consumer says
+    # it once, with what happens next ("retrying in N s", "reconnecting").
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
     connection = logging.getLogger("aiormq.connection")
     if not any(isinstance(f, SaidByTheCaller) for f in connection.filters):
         connection.addFilter(SaidByTheCaller())

@@ -10,13 +10,13 @@ Topology, all declared by us except the queue's exchanges (Pulse owns those)::
         ▼
     exchange/<user>/coalescer/dead ──▶ queue/<user>/coalescer/dead
 
-Deliveries are applied in batches (up to ``batch_size`` or ``batch_wait`` seconds), one
-:meth:`Store.apply` round trip per batch, and acknowledged only after that write. Redis being
-down holds the batch and retries it; nothing is acked meanwhile, so the prefetch limit stops the
-flow. The connection is robust (aio-pika reconnects and re-consumes by itself); deliveries of a
-lost channel cannot be acked and come back from the broker, which is harmless because applying
-an event twice changes nothing. The queue is never deleted: events published while we are down
-wait for us.
+Deliveries are applied in batches (up to ``batch_size``, or what arrived within ``batch_wait``
+seconds), one :meth:`Store.apply` round trip per batch, and acknowledged only after that write,
+with one ``multiple`` ack. Redis being down holds the batch and retries it; nothing is acked
+meanwhile, so the prefetch limit stops the flow. A lost connection is reopened and the queue
+consumed again (:mod:`~coalescer.ingest.amqp`); deliveries of the lost channel cannot be acked
+and come back from the broker, which is harmless because applying an event twice changes
+nothing. The queue is never deleted: events published while we are down wait for us.
 """
 
 from __future__ import annotations
@@ -26,23 +26,22 @@ import contextlib
 import logging
 import os
 import socket
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import aio_pika
-import aiormq.exceptions
 import orjson
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from coalescer.errors import ConfigError, InvalidEvent, StoreUnavailable
 from coalescer.health import Supervisor
-from coalescer.ingest import topology
+from coalescer.ingest import amqp, topology
+from coalescer.ingest.amqp import Delivery
 from coalescer.ingest.events import Message, to_event
 from coalescer.ingest.record import Recorder
 from coalescer.logs import Throttled
 from coalescer.model import TaskEvent
 from coalescer.observe import HELD, STORE_ERRORS, Observer
-from coalescer.settings import Settings
+from coalescer.settings import Settings, redact_url
 from coalescer.store import Store
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ log = logging.getLogger(__name__)
 SET_ASIDE = frozenset({"invalid", "dead-lettered"})
 
 
-def decode(delivery: AbstractIncomingMessage) -> Message:
+def decode(delivery: Delivery) -> Message:
     """A delivery as a :class:`Message`; :class:`InvalidEvent` when its body isn't JSON."""
     try:
         payload = orjson.loads(delivery.body)
@@ -110,10 +109,14 @@ class Consumer:
         )
         self.recorder = recorder
         self.bindings = topology.bindings(settings.route_prefix, settings.taskcluster_root_url)
-        self.connection: AbstractRobustConnection | None = None
+        self.session: amqp.Session | None = None
         #: Set once the queue is bound and consumed: what is published from then on arrives.
         self.consuming = asyncio.Event()
-        self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
+        #: Deliveries not yet in a batch; never more than the prefetch limit.
+        self._inbox: deque[Delivery] = deque()
+        self._arrived = asyncio.Event()  # the inbox holds something (a batch, when collecting)
+        self._wanted = 1  # how many deliveries wake the pump
+        self._tag = ""  # the consumer tag on the current session
         self._draining = False
         self._held_log = Throttled(log)
 
@@ -135,52 +138,90 @@ class Consumer:
         )
         if not ready:
             return
-        self._inbox = asyncio.Queue()  # a restart after a crash begins afresh
+        self._inbox.clear()  # a restart after a crash begins afresh
         self._draining = False
-        self.connection = await aio_pika.connect_robust(
-            self.url,
-            client_properties={"connection_name": self.connection_name},
-            reconnect_interval=self.reconnect_interval,
-        )
-        self.connection.reconnect_callbacks.add(_reconnected)
+        pump = asyncio.create_task(self._pump())
+        stopped = asyncio.create_task(stop.wait())
         try:
-            channel = await self.connection.channel()
-            await channel.set_qos(prefetch_count=self.prefetch)
-            queue = await channel.declare_queue(
-                self.queue,
-                durable=True,
-                arguments=topology.queue_arguments(self.queue, self.settings.pulse_max_length),
-            )
-            for exchange, pattern in self.bindings:
-                await queue.bind(exchange, pattern)
-            tag = await queue.consume(self._deliver)
-            self.consuming.set()
-            log.info(
-                "consuming %s (prefetch %d, batches of %d)",
-                self.queue,
-                self.prefetch,
-                self.batch_size,
-            )
-            pump = asyncio.create_task(self._pump())
-            stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait({pump, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if pump.done():
-                pump.result()  # the pump only ends by crashing before stop: say why
-            await self._drain(queue, tag, pump)
+            await self._serve(pump, stopped)
+            await self._drain(pump)
         finally:
-            await self.connection.close()
+            stopped.cancel()
+            pump.cancel()
+            if self.session is not None:
+                await self.session.wait_closed()
+                self.session = None
             log.info("stopped consuming %s", self.queue)
 
-    async def _deliver(self, delivery: AbstractIncomingMessage) -> None:
-        self._inbox.put_nowait(delivery)
+    async def _serve(self, pump: asyncio.Task[None], stopped: asyncio.Task[bool]) -> None:
+        """Consume, and consume again on a new connection when one is lost, until stopped."""
+        lost = False
+        while not stopped.done():
+            try:
+                self.session = await self._open()
+            except amqp.Unavailable as exc:
+                log.warning(
+                    "broker at %s unreachable (%s); retrying in %.0f s",
+                    redact_url(self.url),
+                    exc,
+                    self.reconnect_interval,
+                )
+                await asyncio.wait({pump, stopped}, timeout=self.reconnect_interval)
+            else:
+                if lost:
+                    log.info("reconnected to the broker; consuming again")
+                self.consuming.set()
+                log.info(
+                    "consuming %s (prefetch %d, batches of %d)",
+                    self.queue,
+                    self.prefetch,
+                    self.batch_size,
+                )
+                closed = self.session.closed
+                waits: set[asyncio.Future[Any]] = {pump, stopped, closed}
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if closed.done() and not stopped.done():
+                    lost = True
+                    log.warning(
+                        "lost the connection to %s (%s); reconnecting",
+                        redact_url(self.url),
+                        closed.result() or "closed",
+                    )
+                    await self.session.wait_closed()
+                    self.session = None
+            if pump.done():
+                pump.result()  # the pump only ends by crashing before stop: say why
 
-    async def _drain(self, queue: Any, tag: str, pump: asyncio.Task[None]) -> None:
+    async def _open(self) -> amqp.Session:
+        session = await amqp.Session.open(
+            self.url, name=self.connection_name, prefetch=self.prefetch
+        )
         try:
-            await queue.cancel(tag)
-        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
-            log.debug("could not cancel the consumer (%s); closing the connection will", exc)
-        self._inbox.put_nowait(None)
+            # Declared again on every connection: a broker restarted empty has lost them.
+            await session.declare(
+                self.queue, topology.queue_arguments(self.queue, self.settings.pulse_max_length)
+            )
+            for exchange, pattern in self.bindings:
+                await session.bind(self.queue, exchange, pattern)
+            self._tag = await session.consume(self.queue, self._deliver)
+        except BaseException:
+            await session.wait_closed()
+            raise
+        return session
+
+    def _deliver(self, delivery: Delivery) -> None:
+        self._inbox.append(delivery)
+        if len(self._inbox) >= self._wanted:
+            self._arrived.set()
+
+    async def _drain(self, pump: asyncio.Task[None]) -> None:
+        if self.session is not None:
+            try:
+                await asyncio.wait_for(self.session.cancel(self._tag), self.drain_timeout)
+            except (amqp.Unavailable, amqp.Error, TimeoutError) as exc:
+                log.debug("could not cancel the consumer (%s); closing the connection will", exc)
+        self._draining = True
+        self._arrived.set()
         try:
             await asyncio.wait_for(pump, self.drain_timeout)
         except TimeoutError:
@@ -194,40 +235,24 @@ class Consumer:
         while (batch := await self._collect()) is not None:
             await self.handle(batch)
 
-    async def _collect(self) -> list[AbstractIncomingMessage] | None:
-        """The next batch: what is waiting, plus what arrives within ``batch_wait``."""
-        if self._draining:
-            rest: list[AbstractIncomingMessage] = []
-            while len(rest) < self.batch_size and not self._inbox.empty():
-                item = self._inbox.get_nowait()
-                if item is not None:
-                    rest.append(item)
-            return rest or None
-        first = await self._inbox.get()
-        if first is None:
-            self._draining = True
-            return await self._collect()
-        batch = [first]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.batch_wait
-        while len(batch) < self.batch_size:
-            if self._inbox.empty():
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(self._inbox.get(), remaining)
-                except TimeoutError:
-                    break
-            else:
-                item = self._inbox.get_nowait()
-            if item is None:
-                self._draining = True
-                break
-            batch.append(item)
-        return batch
+    async def _collect(self) -> list[Delivery] | None:
+        """The next batch: what is waiting, plus what arrives within ``batch_wait``, up to
+        ``batch_size``; ``None`` once draining and nothing is left."""
+        while not self._inbox:
+            if self._draining:
+                return None
+            self._wanted = 1
+            self._arrived.clear()
+            await self._arrived.wait()
+        if len(self._inbox) < self.batch_size and not self._draining:
+            self._wanted = self.batch_size
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), self.batch_wait)
+        inbox = self._inbox
+        return [inbox.popleft() for _ in range(min(len(inbox), self.batch_size))]
 
-    async def handle(self, batch: Sequence[AbstractIncomingMessage]) -> list[str]:
+    async def handle(self, batch: Sequence[Delivery]) -> list[str]:
         """Apply a batch in one round trip, then settle each delivery with the broker."""
         outcomes: list[str] = ["ignored"] * len(batch)
         events: list[TaskEvent] = []
@@ -332,29 +357,23 @@ class Consumer:
             )
             return "dead-lettered"
 
-    async def _settle(
-        self, batch: Sequence[AbstractIncomingMessage], outcomes: Sequence[str]
-    ) -> None:
+    async def _settle(self, batch: Sequence[Delivery], outcomes: Sequence[str]) -> None:
         """Reject what is set aside, one by one, then ack the rest with one ``multiple`` ack per
         channel: it covers every earlier delivery, and those are all settled by now."""
-        last: dict[int, AbstractIncomingMessage] = {}
+        last: dict[int, Delivery] = {}
         for delivery, outcome in zip(batch, outcomes, strict=True):
-            try:
-                if outcome in SET_ASIDE:
-                    await delivery.reject(requeue=False)  # to the dead-letter exchange
-                else:
-                    last[id(delivery.channel)] = delivery
-            except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
-                _unsettled(exc)
+            if outcome in SET_ASIDE:
+                try:  # to the dead-letter exchange
+                    delivery.channel.basic_reject(delivery.tag, requeue=False)
+                except amqp.Error as exc:
+                    _unsettled(exc)
+            else:
+                last[id(delivery.channel)] = delivery
         for delivery in last.values():
             try:
-                await delivery.ack(multiple=True)
-            except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+                delivery.channel.basic_ack(delivery.tag, multiple=True)
+            except amqp.Error as exc:
                 _unsettled(exc)
-
-
-def _reconnected(*_: Any) -> None:
-    log.info("reconnected to the broker; consuming again")
 
 
 def _unsettled(exc: Exception) -> None:

@@ -8,7 +8,6 @@ run's ``scheduled`` time, or a numeric tag), never from arrival time; ties go by
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import re
 from datetime import UTC, datetime
@@ -148,9 +147,8 @@ def passes_thresholds(
     return not (age is not None and (oldest_wait_s is None or oldest_wait_s <= age))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeySnapshot:
-    """What the store reads for one query, in one round trip.
+class KeySnapshot(NamedTuple):
+    """What the store reads for one query, in one round trip (a named tuple: one per query).
 
     ``newest``: the newest pending taskIds (up to the cap), newest first. ``newer``: how many
     pending tasks other than the initial one come after it in the key's order; ``None`` when

@@ -151,8 +151,9 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def _answer_soon(self, app: App) -> bool:
-        """Take a plain superseding query on the fast path: a keep-alive ``GET`` with no body
-        and nothing else in flight on the connection, which the app can start answering."""
+        """Take a plain superseding query on the fast path: a keep-alive ``GET`` with nothing
+        else in flight on the connection, which the app can start answering. (A body, which a
+        query has no use for, is read and dropped as uvicorn drops it after a response.)"""
         if (self.cycle is not None and not self.cycle.response_complete) or self.pipeline:
             return False
         parser = self.parser
@@ -161,7 +162,6 @@ class HeadLimitedProtocol(HttpToolsProtocol):
             or parser.get_http_version() != "1.1"
             or not parser.should_keep_alive()
             or parser.should_upgrade()
-            or any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers)
         ):
             return False
         url = httptools.parse_url(self.url)

@@ -618,9 +618,8 @@ class _Commands:
 
 
 def decode_snapshot(raw: list[Any]) -> model.KeySnapshot:
-    ids = raw[4:]
-    if ids and isinstance(ids[0], bytes):
-        ids = [v.decode() for v in ids]
+    joined = raw[4]
+    ids = (joined.decode() if isinstance(joined, bytes) else joined).split()
     newer = int(raw[2])
     return model.KeySnapshot(
         pending=int(raw[0]),

@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 from coalescer.errors import ConfigError
 from coalescer.history import Retention
@@ -141,9 +142,7 @@ class Settings:
         if not _PREFIX_RE.fullmatch(prefix):
             raise ConfigError(f"COALESCER_ROUTE_PREFIX {prefix!r} is not a dotted route prefix")
         token = get("COALESCER_INGEST_TOKEN")
-        pulse = get("PULSE_URL")
-        if pulse is not None and not pulse.startswith(("amqp://", "amqps://")):
-            raise ConfigError("PULSE_URL must start with amqp:// or amqps://")
+        pulse = amqp_url(get("PULSE_URL"))
         values: dict[str, Any] = dict(
             redis_url=_redis_url(get("REDIS_URL"), verify=flag("COALESCER_REDIS_TLS_VERIFY", True)),
             host=get("COALESCER_HOST") or cls.host,
@@ -189,6 +188,30 @@ def _redis_url(url: str | None, *, verify: bool) -> str | None:
     if verify or url is None or not url.startswith("rediss://") or "ssl_cert_reqs=" in url:
         return url
     return url + ("&" if "?" in url else "?") + "ssl_cert_reqs=none"
+
+
+def amqp_url(url: str | None, name: str = "PULSE_URL") -> str | None:
+    """An AMQP URL setting (``name``), refused with a clear message when no client could use
+    it."""
+    if url is None:
+        return None
+    if not url.startswith(("amqp://", "amqps://")):
+        raise ConfigError(f"{name} must start with amqp:// or amqps://")
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        port = 0
+    if port == 0:
+        raise ConfigError(f"{name} has no usable port (1-65535): {redact_url(url)}")
+    if not parts.hostname:
+        raise ConfigError(f"{name} names no host: {redact_url(url)}")
+    for heartbeat in parse_qs(parts.query).get("heartbeat", []):
+        if not heartbeat.isdigit():
+            raise ConfigError(
+                f"{name}'s heartbeat must be a whole number of seconds, not {heartbeat!r}"
+            )
+    return url
 
 
 def queue_credentials() -> dict[str, str]:

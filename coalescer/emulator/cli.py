@@ -69,9 +69,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.emulator.runtime import EmulatorOptions
     from coalescer.emulator.server import create_app
     from coalescer.errors import ConfigError
+    from coalescer.settings import amqp_url
 
-    if args.pulse_url and not args.pulse_url.startswith(("amqp://", "amqps://")):
-        raise ConfigError("--pulse-url must start with amqp:// or amqps://")
+    amqp_url(args.pulse_url or None, "--pulse-url")
     if args.publish_to and not args.publish_to.startswith(("http://", "https://")):
         raise ConfigError("--publish-to must be an http:// or https:// URL")
     if args.claim_work_timeout < 0:

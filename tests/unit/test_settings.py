@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from coalescer.errors import ConfigError
-from coalescer.settings import Settings
+from coalescer.settings import Settings, amqp_url
 
 
 def test_defaults_serve_the_embedded_store_on_localhost() -> None:
@@ -31,6 +31,10 @@ def test_secrets_never_print() -> None:
         ({"COALESCER_MAX_LIST": "0"}, "at least 1"),
         ({"COALESCER_ROUTE_PREFIX": "a..b"}, "dotted route prefix"),
         ({"PULSE_URL": "http://x"}, "amqp://"),
+        ({"PULSE_URL": "amqp://u:pw@h:99999/"}, r"no usable port .*amqp://u:\*\*\*@h"),
+        ({"PULSE_URL": "amqps://h:abc/"}, "no usable port"),
+        ({"PULSE_URL": "amqp:///"}, "names no host"),
+        ({"PULSE_URL": "amqp://h/?heartbeat=soon"}, "heartbeat must be a whole number"),
         ({"COALESCER_REDIS_TLS_VERIFY": "maybe"}, "true or false"),
         ({"COALESCER_LEARN_UNKNOWN": "maybe"}, "COALESCER_LEARN_UNKNOWN must be true or false"),
         ({"COALESCER_LEARN_TIMEOUT": "soon"}, "must be a number of seconds"),
@@ -80,3 +84,11 @@ def test_the_history_kept_for_the_charts_is_a_day_of_minutes_unless_set() -> Non
         Settings.from_environ({"COALESCER_HISTORY_BUCKETS": "100001"})
     with pytest.raises(ConfigError, match="COALESCER_HISTORY_BUCKET_SECONDS must be at least 1"):
         Settings.from_environ({"COALESCER_HISTORY_BUCKET_SECONDS": "0"})
+
+
+def test_an_amqp_url_flag_is_checked_as_the_setting_is() -> None:
+    with pytest.raises(ConfigError, match="--pulse-url has no usable port"):
+        amqp_url("amqp://h:0/", "--pulse-url")
+    assert amqp_url("amqps://u:pw@h:5671/vhost?heartbeat=30") == (
+        "amqps://u:pw@h:5671/vhost?heartbeat=30"
+    )

@@ -44,6 +44,9 @@ STATE_RANKS = {
     "failed": Rank.RESOLVED,
     "exception": Rank.RESOLVED,
 }
+#: Each state's rank as a plain number, for ingest's per-event work (comparing ``Rank``
+#: members costs more than comparing ints).
+STATE_RANK_NUMBERS = {state: int(rank) for state, rank in STATE_RANKS.items()}
 
 
 class TaskEvent(NamedTuple):

@@ -16,7 +16,7 @@ from coalescer.errors import InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.model import (
     MAX_ROUTES,
-    STATE_RANKS,
+    STATE_RANK_NUMBERS,
     TERMINAL_RUN,
     TaskEvent,
     keys_from_routes,
@@ -42,8 +42,6 @@ _ANNOUNCES = {
     for name, state in EXCHANGE_STATES.items()
     for exchange in (EXCHANGE_PREFIX + name, name)
 }
-#: Each state's rank, as a plain number (comparing ``Rank`` members costs more, per event).
-_RANKS = {state: int(rank) for state, rank in STATE_RANKS.items()}
 
 
 class Message(NamedTuple):
@@ -150,11 +148,11 @@ def status_event(
         else:
             return None
     run_id, state = announced
-    rank = _RANKS[state]
+    rank = STATE_RANK_NUMBERS[state]
     last = runs[-1] if runs else None
     try:
         # Newest knowledge wins: the announced run, or a later run the status shows.
-        if last is not None and (last["runId"], _RANKS[last["state"]]) > (run_id, rank):
+        if last is not None and (last["runId"], STATE_RANK_NUMBERS[last["state"]]) > (run_id, rank):
             run_id, state = last["runId"], last["state"]
         deadline_ms = parse_time_ms(status["deadline"])
         since_ms = parse_time_ms(last["scheduled"]) if last is not None else deadline_ms

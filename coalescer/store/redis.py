@@ -253,10 +253,7 @@ class Store:
         without a policy.
         """
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        per_key: dict[str, list[int]] = {}
-        for i, ev in enumerate(events):
-            for key in ev.keys:
-                per_key.setdefault(key, []).append(i)
+        per_key = by_key(events)
         if not per_key:
             return ["ignored"] * len(events)
         deciding: dict[str, list[str | int]] = {}
@@ -567,8 +564,13 @@ class IndexState:
         return cls(state, int(since or 0), int(rebuilt) if rebuilt else None, bool(int(raw[3])))
 
 
-#: Each state's rank, as a plain number for the script's arguments.
-_RANKS = {state: int(rank) for state, rank in model.STATE_RANKS.items()}
+def by_key(events: Sequence[model.TaskEvent]) -> dict[str, list[int]]:
+    """Each coalescing key's events, as their indexes in ``events``, in order."""
+    out: dict[str, list[int]] = {}
+    for i, ev in enumerate(events):
+        for key in ev.keys:
+            out.setdefault(key, []).append(i)
+    return out
 
 
 def apply_args(
@@ -580,7 +582,7 @@ def apply_args(
         args += (
             ev.task_id,
             ev.run_id,
-            _RANKS[ev.state],
+            model.STATE_RANK_NUMBERS[ev.state],
             ev.state,
             repr(ev.order),
             ev.deadline_ms,

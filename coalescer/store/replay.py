@@ -16,7 +16,7 @@ from typing import Any
 from coalescer import model
 from coalescer.store import keys
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
-from coalescer.store.redis import Store, apply_args, decode_snapshot
+from coalescer.store.redis import APPLY_BATCH, Store, apply_args, by_key, decode_snapshot
 
 
 async def holds_nothing(store: Store) -> bool:
@@ -58,13 +58,16 @@ async def apply_and_ask(
     cap: int,
 ) -> model.KeySnapshot:
     """Apply ``events`` (every key of each), then read ``key``'s snapshot for ``initial``."""
-    per_key: dict[str, list[model.TaskEvent]] = {}
-    for ev in events:
-        for k in ev.keys:
-            per_key.setdefault(k, []).append(ev)
     calls = [
-        [*keys.group(k), keys.resolutions(k), *apply_args(evs, now_ms, store.grace_ms, 0)]
-        for k, evs in per_key.items()
+        [
+            *keys.group(k),
+            keys.resolutions(k),
+            *apply_args(
+                [events[i] for i in indexes[j : j + APPLY_BATCH]], now_ms, store.grace_ms, 0
+            ),
+        ]
+        for k, indexes in by_key(events).items()
+        for j in range(0, len(indexes), APPLY_BATCH)
     ]
     t, p, w, d, _ = keys.group(key)
     if isinstance(store.fast, PipelinedClient) and store._sha:

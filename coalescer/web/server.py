@@ -99,7 +99,7 @@ class _NoEvent:
         pass
 
 
-class _Answering:
+class _FastCycle:
     """What uvicorn's protocol reads and sets of a request's cycle, for a query in flight on
     the fast path."""
 
@@ -178,13 +178,13 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         scope["path"] = self.root_path + path
         scope["raw_path"] = self.root_path.encode("ascii") + raw_path
         scope["query_string"] = query_string
-        cycle = _Answering()
+        cycle = _FastCycle()
         self.cycle = cast(RequestResponseCycle, cycle)
         answering.reply.add_done_callback(partial(self._answered, cycle, answering, scope))
         return True
 
     def _answered(
-        self, cycle: _Answering, answering: Answering, scope: Any, reply: asyncio.Future[Any]
+        self, cycle: _FastCycle, answering: Answering, scope: Any, reply: asyncio.Future[Any]
     ) -> None:
         if cycle.disconnected or self.transport.is_closing():
             cycle.response_complete = True
@@ -215,7 +215,7 @@ class HeadLimitedProtocol(HttpToolsProtocol):
             b"x-content-type-options: nosniff\r\n\r\n" % length
         )
 
-    def _ordinary(self, cycle: _Answering, scope: Any, app: Any) -> None:
+    def _ordinary(self, cycle: _FastCycle, scope: Any, app: Any) -> None:
         """Hand a query taken on the fast path to uvicorn's request cycle, running ``app``."""
         ordinary = RequestResponseCycle(
             scope=scope,

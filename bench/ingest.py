@@ -45,6 +45,8 @@ import taskcluster
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test suite's message builders and private redis-server
 
+from serving import redis_cpu  # noqa: E402 (bench/serving.py: the HTTP benchmarks' helpers)
+
 from coalescer.ingest.topology import bindings, dead_letter_names, queue_arguments  # noqa: E402
 from tests.conftest import make_message  # noqa: E402
 from tests.integration.test_pulse import primary_key  # noqa: E402
@@ -132,12 +134,6 @@ class Round:
         self.rate = events / seconds
         self.per_cpu = events / cpu if cpu else float("inf")
         self.redis_us = None if redis_cpu is None else redis_cpu / events * 1e6
-
-
-def redis_cpu_seconds(server: RedisServer) -> float:
-    """User plus system CPU time of the private ``redis-server`` so far (``INFO cpu``)."""
-    info = server.client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def pulse_round(
@@ -248,13 +244,14 @@ async def http_round(
                     applied += sum(r["status"] in ("applied", "stale") for r in results)
 
             started, cpu = time.monotonic(), cpu_seconds(proc.pid)
-            redis_cpu = redis_cpu_seconds(server)
+            redis_used = redis_cpu(server.url)
+            redis_before = redis_used()
             await asyncio.gather(*(post() for _ in range(clients)))
             took, cpu = time.monotonic() - started, cpu_seconds(proc.pid) - cpu
-            redis_cpu = redis_cpu_seconds(server) - redis_cpu
+            redis_spent = redis_used() - redis_before
         if applied != n:
             sys.exit(f"http: {applied} of {n} events applied or stale")
-        return Round(n, took, cpu, redis_cpu)
+        return Round(n, took, cpu, redis_spent)
     finally:
         stop(proc)
 

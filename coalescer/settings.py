@@ -77,7 +77,7 @@ class Settings:
     query_timeout: float = 2.0
     pulse_url: Secret | None = None
     pulse_queue: str | None = None
-    pulse_prefetch: int = 512
+    pulse_prefetch: int = 2048
     pulse_max_length: int = 1_000_000
     #: ``COALESCER_RECORD_FILE``: append every applied event here (see coalescer.ingest.record)
     record_file: str | None = None

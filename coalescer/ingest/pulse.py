@@ -28,7 +28,7 @@ import os
 import socket
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -232,8 +232,31 @@ class Consumer:
 
     # -- batches ----------------------------------------------------------------------------
     async def _pump(self) -> None:
-        while (batch := await self._collect()) is not None:
-            await self.handle(batch)
+        """Collect and decode each batch while the one before it is written: batches are still
+        applied and settled one at a time, in order, so a ``multiple`` ack never covers a
+        delivery that is not applied yet."""
+        writing: asyncio.Task[list[str]] | None = None
+        collecting: asyncio.Task[list[Delivery] | None] | None = None
+        try:
+            while True:
+                collecting = asyncio.create_task(self._collect())
+                if writing is not None:
+                    # A write that fails ends the pump now, not when the next batch comes.
+                    await asyncio.wait({collecting, writing}, return_when=asyncio.FIRST_COMPLETED)
+                    if writing.done():
+                        writing.result()
+                if (batch := await collecting) is None:
+                    break
+                decoded = self._decode(batch)
+                if writing is not None:
+                    await writing
+                writing = asyncio.create_task(self._write(decoded))
+            if writing is not None:
+                await writing
+        finally:
+            for task in (collecting, writing):
+                if task is not None:
+                    task.cancel()
 
     async def _collect(self) -> list[Delivery] | None:
         """The next batch: what is waiting, plus what arrives within ``batch_wait``, up to
@@ -254,6 +277,11 @@ class Consumer:
 
     async def handle(self, batch: Sequence[Delivery]) -> list[str]:
         """Apply a batch in one round trip, then settle each delivery with the broker."""
+        return await self._write(self._decode(batch))
+
+    def _decode(self, batch: Sequence[Delivery]) -> _Decoded:
+        """A batch's events, and the outcome of each delivery that has none (invalid, or
+        nothing for the index)."""
         outcomes: list[str] = ["ignored"] * len(batch)
         events: list[TaskEvent] = []
         messages: list[Message] = []
@@ -285,6 +313,12 @@ class Consumer:
                 events.append(event)
                 messages.append(message)
                 slots.append(i)
+        return _Decoded(batch, outcomes, events, messages, slots)
+
+    async def _write(self, decoded: _Decoded) -> list[str]:
+        """Apply a decoded batch in one round trip, then settle each delivery with the broker
+        and count the outcomes."""
+        batch, outcomes, events, messages, slots = decoded
         for i, outcome in zip(slots, await self._apply(events) if events else [], strict=True):
             outcomes[i] = outcome
         if self.recorder is not None:
@@ -374,6 +408,17 @@ class Consumer:
                 delivery.channel.basic_ack(delivery.tag, multiple=True)
             except amqp.Error as exc:
                 _unsettled(exc)
+
+
+class _Decoded(NamedTuple):
+    """A batch of deliveries, decoded: ``outcomes[i]`` of ``batch[i]`` (``ignored`` until its
+    event, ``events[j]`` from ``messages[j]``, of delivery ``slots[j]``, is applied)."""
+
+    batch: Sequence[Delivery]
+    outcomes: list[str]
+    events: list[TaskEvent]
+    messages: list[Message]
+    slots: list[int]
 
 
 def _unsettled(exc: Exception) -> None:

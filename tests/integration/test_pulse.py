@@ -321,6 +321,63 @@ async def test_a_poison_message_is_dead_lettered_and_the_consumer_goes_on(
     assert await broker.depth() == 0
 
 
+async def test_the_next_batch_is_decoded_while_one_is_written_and_writes_never_overlap(
+    pulse_settings: Settings, store: Store, broker: Broker, prefix: str
+) -> None:
+    tasks = ids(320)
+    consumer = make_consumer(pulse_settings, store, batch_size=16)  # half the prefetch
+    writes_in_flight, most_in_flight, decoded_during_a_write = 0, 0, 0
+    slow_apply, plain_decode = store.apply, consumer._decode
+
+    async def apply(*args: Any, **kwargs: Any) -> Any:
+        nonlocal writes_in_flight, most_in_flight
+        writes_in_flight += 1
+        most_in_flight = max(most_in_flight, writes_in_flight)
+        try:
+            await asyncio.sleep(0.05)  # a slow store: the broker keeps delivering meanwhile
+            return await slow_apply(*args, **kwargs)
+        finally:
+            writes_in_flight -= 1
+
+    def decode(batch: Any) -> Any:
+        nonlocal decoded_during_a_write
+        decoded_during_a_write += writes_in_flight
+        return plain_decode(batch)
+
+    store.apply = apply  # type: ignore[method-assign]
+    consumer._decode = decode  # type: ignore[method-assign]
+    async with consuming(consumer):
+        await broker.publish_all([make_message(t, routes=routes(prefix, "k")) for t in tasks])
+        await eventually(lambda: _count(store, "k", len(tasks)), what="every event applied")
+        await eventually(lambda: _handled(store, len(tasks)), what="every event counted")
+    assert most_in_flight == 1  # batches are applied, and acknowledged, one after another
+    assert decoded_during_a_write > 0
+    assert await broker.depth() == 0
+
+
+async def test_a_write_that_fails_stops_the_consumer_at_once_not_at_the_next_batch(
+    pulse_settings: Settings, store: Store, broker: Broker, prefix: str
+) -> None:
+    consumer = make_consumer(pulse_settings, store)
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug while counting")
+
+    consumer.observer.ingest = broken  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        await eventually(lambda: _ready(consumer, task), what="the consumer to start")
+        await broker.publish(make_message(ids(1)[0], routes=routes(prefix, "k")))
+        # Nothing else is published: the pump must not wait for another batch to say so.
+        with pytest.raises(RuntimeError, match="a bug while counting"):
+            await asyncio.wait_for(task, 10)
+    finally:
+        stop.set()
+        if not task.done():
+            task.cancel()
+
+
 @needs_rabbitmqctl
 async def test_a_connection_cut_mid_stream_loses_no_event(
     pulse_settings: Settings, store: Store, broker: Broker, prefix: str

@@ -9,6 +9,7 @@ run's ``scheduled`` time, or a numeric tag), never from arrival time; ties go by
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -80,6 +81,15 @@ class TaskEvent(NamedTuple):
 def parse_time_ms(value: str) -> int:
     """An RFC 3339 date-time (``2030-01-01T00:00:00.000Z``) as milliseconds since the epoch."""
     try:
+        return _parse_time_ms(value)
+    except TypeError:  # unhashable, so not a string
+        raise InvalidInput(f"not an RFC 3339 date-time: {value!r}") from None
+
+
+@functools.lru_cache(maxsize=16_384)
+def _parse_time_ms(value: str) -> int:
+    # Remembered: every message about a task repeats its deadline and its runs' times.
+    try:
         # Python 3.11's reads a trailing ``Z``; four or five of these per ingested event.
         parsed = datetime.fromisoformat(value)
     except (ValueError, TypeError):
@@ -127,6 +137,12 @@ def check_key(key: str) -> str:
 def keys_from_routes(routes: list[str] | tuple[str, ...], prefix: str) -> tuple[str, ...]:
     """The coalescing keys of a task, in route order without repeats: every route
     ``<prefix>.K`` (``route.`` CC form accepted)."""
+    # Remembered: every message about a task names the same routes.
+    return _keys_of_routes(tuple(routes), prefix)
+
+
+@functools.lru_cache(maxsize=4096)
+def _keys_of_routes(routes: tuple[str, ...], prefix: str) -> tuple[str, ...]:
     head = prefix + "."
     found: dict[str, None] = {}  # ordered, and linear in the number of routes
     for route in routes:

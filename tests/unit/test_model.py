@@ -31,6 +31,28 @@ def test_keys_from_many_distinct_routes_take_linear_time() -> None:
     assert keys == tuple(f"k{i}" for i in range(100_000))
 
 
+def test_keys_are_the_same_from_a_list_or_a_tuple_asked_again_with_another_prefix() -> None:
+    routes = ("route.coalesce.v1.a", "coalesce.v2.b")
+    assert model.keys_from_routes(routes, "coalesce.v1") == ("a",)
+    assert model.keys_from_routes(list(routes), "coalesce.v1") == ("a",)
+    assert model.keys_from_routes(routes, "coalesce.v2") == ("b",)  # remembered per prefix
+
+
+@pytest.mark.parametrize(
+    "value", ["2030-01-01T00:00:00", "2030-13-01T00:00:00Z", "", 5, None, {"a": 1}, ["x"]]
+)
+def test_a_date_time_that_is_not_one_is_invalid_input_every_time(value: object) -> None:
+    for _ in range(2):  # a refusal is never remembered as an answer
+        with pytest.raises(InvalidInput):
+            model.parse_time_ms(value)  # type: ignore[arg-type]
+
+
+def test_date_times_read_again_are_the_same_instant() -> None:
+    first = model.parse_time_ms("2030-01-01T00:00:00.250Z")
+    assert first == model.parse_time_ms("2030-01-01T00:00:00.250Z") == 1893456000250
+    assert model.parse_time_ms("2030-01-01T01:00:00.250+01:00") == first
+
+
 @pytest.mark.parametrize(
     "path,key", [("build/linux/master", "build.linux.master"), ("a.b/c", "a.b.c"), ("/x/", "x")]
 )

@@ -428,21 +428,22 @@ class Store:
 
     # -- reads ------------------------------------------------------------------------------
     def snapshot_soon(
-        self, key: str, initial: str, *, now_ms: int, cap: int
+        self, key: str, initial: str, *, now_ms: int, cap: int, wait: bool = True
     ) -> asyncio.Future[Any] | None:
         """Send :meth:`snapshot`'s read on the lean connection without waiting: the future of
         its raw reply (for :func:`decode_snapshot`), or ``None`` when only :meth:`snapshot`
-        can read it (no lean connection, scripts not loaded yet). The future fails with
+        can read it (no lean connection, scripts not loaded yet). Without ``wait``, the
+        snapshot's ``oldest_since_ms`` is left ``None`` (only an age threshold reads it, and it
+        costs Redis a tenth of the read). The future fails with
         :class:`StoreUnavailable`, :class:`NoScript` or :class:`ReplyError`; the lean
         connection's watchdog fails it when Redis is later than the query timeout."""
         if self.fast is None or not self._sha:
             return None
         t, p, w, d, _ = keys.group(key)
         try:
+            args = (t, p, w, d, initial, now_ms, cap, 1 if wait else 0)
             return asyncio.ensure_future(
-                self.fast.execute(
-                    "EVALSHA", self._sha["snapshot"], 4, t, p, w, d, initial, now_ms, cap
-                )
+                self.fast.execute("EVALSHA", self._sha["snapshot"], 4, *args)
             )
         except ReplyError:  # a Cluster without a slot map yet
             return None

@@ -159,7 +159,9 @@ class App(Starlette):
         if query is None:
             return None
         now_ms = int(time.time() * 1000)
-        reply = state.store.snapshot_soon(query.key, query.task_id, now_ms=now_ms, cap=query.cap)
+        reply = state.store.snapshot_soon(
+            query.key, query.task_id, now_ms=now_ms, cap=query.cap, wait=query.age is not None
+        )
         if reply is None:
             return None
         return Answering(reply, partial(self._finish, query, now_ms))

@@ -113,6 +113,38 @@ def test_a_fast_answer_is_the_ordinary_one_to_the_byte(service: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
+def test_age_and_size_thresholds_hold_on_the_fast_path_as_on_the_ordinary_one(
+    service: str,
+) -> None:
+    # Pending since 2020 (waited years) under "old"; the fixture's "k" tasks since 2030 (not yet).
+    waited = [taskcluster.slugId() for _ in range(3)]
+    messages = [
+        make_message(t, routes=("coalesce.v1.old",), scheduled=f"2020-01-01T00:00:0{i}.000Z")
+        for i, t in enumerate(waited)
+    ]
+    r = httpx.post(
+        f"{service}/v1/events",
+        content=orjson.dumps(messages),
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    expected = {
+        f"/old?taskId={waited[2]}": waited,  # no threshold
+        f"/old?taskId={waited[2]}&age=60": waited,  # the oldest has waited more than a minute
+        f"/k?taskId={TASKS[4]}&age=60": [TASKS[4]],  # ... and here not at all
+        f"/old?taskId={waited[2]}&size=3": [waited[2]],  # not more than 3 pending
+        f"/old?taskId={waited[2]}&age=60&size=2": waited,
+    }
+    for path, answer in expected.items():
+        (fast,) = _exchange(service, _get(path), 1)
+        (ordinary,) = _exchange(service, _get(path, version="1.0"), 1)
+        assert _parts(fast)[2] == _parts(ordinary)[2], path
+        assert orjson.loads(_parts(fast)[2]) == {"supersedes": answer}, path
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
 def test_pipelined_requests_are_answered_in_order_whatever_path_each_takes(
     service: str,
 ) -> None:

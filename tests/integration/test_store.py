@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
@@ -148,6 +150,21 @@ async def test_snapshot_reads_count_oldest_wait_and_initial_order(store: Store) 
     await store.apply([ev("C", order=3, state="completed")], now_ms=NOW)
     resolved = await store.snapshot("k", "C", now_ms=NOW, cap=32)
     assert resolved.initial_resolved and resolved.newer == 0
+
+
+async def test_a_snapshot_without_the_wait_is_the_same_but_for_the_oldest_wait(
+    store: Store,
+) -> None:
+    await store.apply(
+        [ev("A", order=1, since=NOW - 5000), ev("B", order=2, since=NOW - 1000)], now_ms=NOW
+    )
+    with_wait = store.snapshot_soon("k", "A", now_ms=NOW, cap=32)
+    without = store.snapshot_soon("k", "A", now_ms=NOW, cap=32, wait=False)
+    assert with_wait is not None and without is not None  # the lean connection reads them
+    await asyncio.wait([with_wait, without])
+    read, lean = Store.snapshot_of(with_wait), Store.snapshot_of(without)
+    assert read is not None and read.oldest_since_ms == NOW - 5000
+    assert lean == read._replace(oldest_since_ms=None)
 
 
 async def answer(store: Store, initial: str, cap: int = 32) -> list[str]:

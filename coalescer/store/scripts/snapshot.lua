@@ -1,6 +1,6 @@
 -- Read what one superseding query needs, in one round trip.
 -- KEYS: t p w d
--- ARGV: initial_taskId (or '') now_ms cap (-1: no cap)
+-- ARGV: initial_taskId (or '') now_ms cap (-1: no cap) [wait: '0' leaves oldest_since_ms false]
 -- Returns {pending_count, oldest_since_ms|false, newer, rank, ids}: `ids`, the newest `cap`
 -- pending taskIds, newest first, separated by spaces; `newer`, how many pending tasks (other
 -- than the initial one) come after the initial task in the key's order, or -1 when the index
@@ -11,6 +11,8 @@ local t, p, w, d = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 -- Arguments go to redis.call as the strings they came as: a Lua number would be formatted
 -- anew on every call.
 local initial, now, cap = ARGV[1], ARGV[2], ARGV[3]
+-- The oldest wait only matters to a query with an age threshold, and Redis formats the score.
+local wait = ARGV[4] ~= '0'
 
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', '0', '256')) do
   redis.call('ZREM', p, old)
@@ -19,9 +21,11 @@ for _, old in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', '0', '
 end
 
 local out = {redis.call('ZCARD', p), false, -1, 0}
-local oldest = redis.call('ZRANGE', w, 0, 0, 'WITHSCORES')
-if oldest[2] then
-  out[2] = oldest[2]
+if wait then
+  local oldest = redis.call('ZRANGE', w, 0, 0, 'WITHSCORES')
+  if oldest[2] then
+    out[2] = oldest[2]
+  end
 end
 
 if initial ~= '' then

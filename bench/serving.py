@@ -149,6 +149,9 @@ class Run(NamedTuple):
     rps: float
     cpu_us: float
     redis_us: float = float("nan")
+    #: The share of the machine's CPU time left idle over the run (every core's): what a second
+    #: process could still use.
+    idle: float = float("nan")
 
 
 def tree_cpu(pid: int) -> float:
@@ -197,7 +200,9 @@ def wrk_run(
         argv += ["-s", str(script)]
     before = cpu() if cpu is not None else 0.0
     redis_before = redis() if redis is not None else 0.0
+    times_before = machine_times()
     out = subprocess.run([*argv, base + path], capture_output=True, text=True, check=True).stdout
+    times = [b - a for a, b in zip(times_before, machine_times(), strict=True)]
     spent = (cpu() - before) if cpu is not None else float("nan")
     redis_spent = (redis() - redis_before) if redis is not None else float("nan")
     if re.search(
@@ -206,7 +211,18 @@ def wrk_run(
         raise SystemExit(f"{base} answered errors:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    return Run(rps, spent / max(requests, 1) * 1e6, redis_spent / max(requests, 1) * 1e6)
+    idle = (times[3] + times[4]) / sum(times) if sum(times) else float("nan")
+    return Run(rps, spent / max(requests, 1) * 1e6, redis_spent / max(requests, 1) * 1e6, idle)
+
+
+def machine_times() -> list[int]:
+    """The machine's CPU time so far, every core's, by kind (``/proc/stat``: user, nice,
+    system, idle, iowait...); zeros where there is no ``/proc``."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return [0] * 10
 
 
 def wrk(base: str, *, script: Path | None = None, path: str = "", seconds: int = SECONDS) -> float:

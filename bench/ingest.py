@@ -45,7 +45,7 @@ import taskcluster
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test suite's message builders and private redis-server
 
-from serving import redis_cpu  # noqa: E402 (bench/serving.py: the HTTP benchmarks' helpers)
+from serving import coalescer_argv, redis_cpu  # noqa: E402 (bench/serving.py: the HTTP benchmarks' helpers)
 
 from coalescer.ingest.topology import bindings, dead_letter_names, queue_arguments  # noqa: E402
 from tests.conftest import make_message  # noqa: E402
@@ -56,16 +56,6 @@ PULSE_TARGET, HTTP_TARGET = 15_000, 50_000
 LIMIT_S = 120.0
 TOKEN = "bench-" + uuid.uuid4().hex
 TICK = os.sysconf("SC_CLK_TCK")
-#: ``coalescer`` from another checkout: past this one's editable install, whose finder comes
-#: before ``sys.path``.
-AGAINST = """
-import sys
-sys.meta_path[:] = [f for f in sys.meta_path if not f.__module__.startswith("__editable__")]
-sys.path.insert(0, {code!r})
-from coalescer import cli
-assert cli.__file__.startswith({code!r}), cli.__file__
-sys.exit(cli.main(sys.argv[1:]))
-"""
 
 
 def messages(prefix: str, n: int) -> list[dict[str, Any]]:
@@ -99,9 +89,7 @@ def start(
     command: str, env: dict[str, str], log: Path, code: Path | None
 ) -> subprocess.Popen[bytes]:
     """``coalescer <command>`` of this checkout, or of the one at ``code``."""
-    argv = [sys.executable, "-m", "coalescer.cli", command]
-    if code is not None:
-        argv = [sys.executable, "-c", AGAINST.format(code=str(code)), command]
+    argv = [*coalescer_argv(code), command]
     with open(log, "wb") as out:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=out)
 
@@ -285,8 +273,8 @@ async def main(args: argparse.Namespace) -> int:
         or os.environ.get("PULSE_URL")
         or "amqp://guest:guest@127.0.0.1:5672/"
     )
-    if args.against is not None and not (args.against / "coalescer" / "cli.py").is_file():
-        sys.exit(f"--against {args.against}: no coalescer/ package there")
+    if args.against is not None:
+        coalescer_argv(args.against)  # says so now when DIR holds no coalescer package
     codes: list[Path | None] = [None] if args.against is None else [None, args.against]
     logs = Path(tempfile.mkdtemp(prefix="coalescer-bench-ingest-"))
     server = RedisServer()

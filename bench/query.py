@@ -7,11 +7,17 @@ Each server is one process on loopback; wrk drives it with 32 connections from o
 Rounds alternate between the servers (service, bare, service, bare...) and the medians are
 compared, with the load average beside them: the machine is shared and noisy.
 BENCH_ROUNDS (at least 5) and BENCH_SECONDS set the rounds and their length.
+
+``--against DIR`` also serves the rotating mix with the ``coalescer`` package of another
+checkout (``git archive main coalescer | tar -x -C DIR``), in the same alternation, and prints
+this checkout's rate against it.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -64,7 +70,7 @@ def seed(ids: list[list[str]]) -> None:
     r.close()
 
 
-def main() -> int:
+def main(against: Path | None) -> int:
     if shutil.which("wrk") is None:
         raise SystemExit("bench needs wrk: apt-get install wrk")
     client = redis.Redis.from_url(REDIS_URL)
@@ -84,11 +90,26 @@ def main() -> int:
             scratch() as tmp,
             bare(ports["bare"]) as bare_proc,
             service(ports["coalescer"], REDIS_URL) as service_proc,
+            contextlib.ExitStack() as other,
         ):
             script = rotation_script(paths, Path(tmp))
             used = redis_cpu(REDIS_URL)
             cpu = {"bare": cpu_of(bare_proc.pid), "coalescer": cpu_of(service_proc.pid, used)}
             check_mix(base["coalescer"], paths, every=7)
+            runs = {
+                "coalescer": lambda: wrk_run(
+                    base["coalescer"], script=script, cpu=cpu["coalescer"], redis=used
+                ),
+                "bare": lambda: wrk_run(base["bare"], script=script, cpu=cpu["bare"]),
+            }
+            if against is not None:
+                port = free_port()
+                proc = other.enter_context(service(port, REDIS_URL, code=against))
+                check_mix(f"http://127.0.0.1:{port}", paths, every=7)
+                cpu["against"] = cpu_of(proc.pid, used)
+                runs["against"] = lambda: wrk_run(
+                    f"http://127.0.0.1:{port}", script=script, cpu=cpu["against"], redis=used
+                )
             print(
                 f"superseding query, requests/s: median of {ROUNDS} alternating rounds of "
                 f"{SECONDS} s, wrk -t1 -c{CONNECTIONS}, one process each",
@@ -99,14 +120,7 @@ def main() -> int:
                 f"turn, {len(paths)} URLs, 32-id answers",
                 flush=True,
             )
-            mix = alternate(
-                {
-                    "coalescer": lambda: wrk_run(
-                        base["coalescer"], script=script, cpu=cpu["coalescer"], redis=used
-                    ),
-                    "bare": lambda: wrk_run(base["bare"], script=script, cpu=cpu["bare"]),
-                }
-            )
+            mix = alternate(runs)
             print("\none URL (one key, one taskId), 32-id answer", flush=True)
             one = alternate(
                 {
@@ -166,6 +180,15 @@ def main() -> int:
             f"{split:>23} {b.cpu_us:6.0f} {b.cpu_us / c.cpu_us:13.2f}x"
             + (f"  (target >= {TARGET} in requests/s)" if name == "rotating mix" else "")
         )
+    if against is not None:
+        c, a, b = mix["coalescer"], mix["against"], mix["bare"]
+        split = f"{a.cpu_us:.0f} ({a.cpu_us - a.redis_us:.0f} + {a.redis_us:.0f})"
+        print(
+            f"  {'rotating mix, ' + against.name:28} {a.rps:10.0f} {b.rps:10.0f} "
+            f"{a.rps / b.rps:6.2f}x   {'':16}{split:>23}  (--against {against}: this checkout "
+            f"{c.rps / a.rps:.2f}x its requests/s at {c.cpu_us / a.cpu_us:.2f}x its CPU per "
+            "request)"
+        )
     if tc:
         c, t = tc["compat route"], tc["tc-coalesce"]
         print(
@@ -184,4 +207,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--against",
+        type=Path,
+        metavar="DIR",
+        help="also serve the rotating mix with the coalescer package of another checkout",
+    )
+    sys.exit(main(parser.parse_args().against))

@@ -259,14 +259,37 @@ def process(argv: Sequence[str], env: dict[str, str], *, cwd: Path | None = None
             proc.wait()
 
 
+#: ``coalescer`` from another checkout: past this one's editable install, whose finder comes
+#: before ``sys.path``.
+AGAINST = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not f.__module__.startswith("__editable__")]
+sys.path.insert(0, {code!r})
+from coalescer import cli
+assert cli.__file__.startswith({code!r}), cli.__file__
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def coalescer_argv(code: Path | None = None) -> list[str]:
+    """The command that runs ``coalescer``: this checkout's, or the ``coalescer`` package in
+    directory ``code`` (e.g. ``git archive main coalescer | tar -x -C DIR``), for comparisons."""
+    if code is None:
+        return [sys.executable, "-m", "coalescer.cli"]
+    if not (code / "coalescer" / "cli.py").is_file():
+        raise SystemExit(f"--against {code}: no coalescer/ package there")
+    return [sys.executable, "-c", AGAINST.format(code=str(code.resolve()))]
+
+
 def service(
-    port: int, redis_url: str, *extra: str
+    port: int, redis_url: str, *extra: str, code: Path | None = None
 ) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """``coalescer serve`` on ``port`` (of the checkout at ``code``, see :func:`coalescer_argv`)."""
     env = {**os.environ, "REDIS_URL": redis_url, "COALESCER_LOG_LEVEL": "WARNING"}
     for name in ("WEB_CONCURRENCY", "PROMETHEUS_MULTIPROC_DIR", "PORT"):
         env.pop(name, None)
     return process(
-        [str(BIN / "coalescer"), "serve", "--port", str(port), *extra],
+        [*coalescer_argv(code), "serve", "--port", str(port), *extra],
         env,
         ready=f"http://127.0.0.1:{port}/__lbheartbeat__",
     )

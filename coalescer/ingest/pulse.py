@@ -12,7 +12,7 @@ Topology, all declared by us except the queue's exchanges (Pulse owns those)::
 
 Deliveries are applied in batches (up to ``batch_size``, or what arrived within ``batch_wait``
 seconds), one :meth:`Store.apply` round trip per batch, and acknowledged only after that write,
-with one ``multiple`` ack. Redis being down holds the batch and retries it; nothing is acked
+with one ``multiple`` ack; the next batch is decoded while one is written. Redis being down holds the batch and retries it; nothing is acked
 meanwhile, so the prefetch limit stops the flow. A lost connection is reopened and the queue
 consumed again (:mod:`~coalescer.ingest.amqp`); deliveries of the lost channel cannot be acked
 and come back from the broker, which is harmless because applying an event twice changes
@@ -274,10 +274,6 @@ class Consumer:
                 await asyncio.wait_for(self._arrived.wait(), self.batch_wait)
         inbox = self._inbox
         return [inbox.popleft() for _ in range(min(len(inbox), self.batch_size))]
-
-    async def handle(self, batch: Sequence[Delivery]) -> list[str]:
-        """Apply a batch in one round trip, then settle each delivery with the broker."""
-        return await self._write(self._decode(batch))
 
     def _decode(self, batch: Sequence[Delivery]) -> _Decoded:
         """A batch's events, and the outcome of each delivery that has none (invalid, or

@@ -40,17 +40,21 @@ def service(redis: RedisServer, tmp_path: Path) -> Iterator[str]:
     }
     env.update(REDIS_URL=redis.url, COALESCER_INGEST_TOKEN=TOKEN, COALESCER_QUERY_TIMEOUT="0.5")
     with serving(env, tmp_path / "serve.log") as (base, _):
-        messages = [
-            make_message(t, scheduled=f"2030-01-01T00:00:0{i}.000Z") for i, t in enumerate(TASKS)
-        ]
-        r = httpx.post(
-            f"{base}/v1/events",
-            content=orjson.dumps(messages),
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            timeout=10,
+        _post(
+            base,
+            [make_message(t, scheduled=f"2030-01-01T00:00:0{i}.000Z") for i, t in enumerate(TASKS)],
         )
-        assert r.status_code == 200, r.text
         yield base
+
+
+def _post(base: str, messages: list[dict[str, object]]) -> None:
+    r = httpx.post(
+        f"{base}/v1/events",
+        content=orjson.dumps(messages),
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
 
 
 def _port(base: str) -> int:
@@ -118,17 +122,13 @@ def test_age_and_size_thresholds_hold_on_the_fast_path_as_on_the_ordinary_one(
 ) -> None:
     # Pending since 2020 (waited years) under "old"; the fixture's "k" tasks since 2030 (not yet).
     waited = [taskcluster.slugId() for _ in range(3)]
-    messages = [
-        make_message(t, routes=("coalesce.v1.old",), scheduled=f"2020-01-01T00:00:0{i}.000Z")
-        for i, t in enumerate(waited)
-    ]
-    r = httpx.post(
-        f"{service}/v1/events",
-        content=orjson.dumps(messages),
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        timeout=10,
+    _post(
+        service,
+        [
+            make_message(t, routes=("coalesce.v1.old",), scheduled=f"2020-01-01T00:00:0{i}.000Z")
+            for i, t in enumerate(waited)
+        ],
     )
-    assert r.status_code == 200, r.text
     expected = {
         f"/old?taskId={waited[2]}": waited,  # no threshold
         f"/old?taskId={waited[2]}&age=60": waited,  # the oldest has waited more than a minute

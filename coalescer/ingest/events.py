@@ -33,9 +33,6 @@ EXCHANGE_STATES = {
     "task-exception": "exception",
 }
 
-
-#: The exchanges whose messages change the index, by full name.
-TASK_EXCHANGES = frozenset(EXCHANGE_PREFIX + name for name in EXCHANGE_STATES)
 #: Exchange, by full or short name → the state its messages announce and their schema.
 _ANNOUNCES = {
     exchange: (state, f"{name}-message")
@@ -157,9 +154,7 @@ def status_event(
         deadline_ms = parse_time_ms(status["deadline"])
         since_ms = parse_time_ms(last["scheduled"]) if last is not None else deadline_ms
         if order is None:
-            # A task's first run is, most often, its only one: parsed once.
-            first_ms = since_ms if len(runs) == 1 else None
-            order = _order(tags or {}, runs, rank_tag, deadline_ms, first_ms)
+            order = _order(tags or {}, runs, rank_tag, deadline_ms)
     except InvalidInput as exc:
         raise InvalidEvent(str(exc)) from exc
     if last is None:
@@ -196,13 +191,7 @@ def _run_time(run: Mapping[str, Any], field: str) -> int:
         return 0
 
 
-def _order(
-    tags: Mapping[str, Any],
-    runs: list[Any],
-    rank_tag: str | None,
-    fallback: int,
-    first_ms: int | None = None,
-) -> float:
+def _order(tags: Mapping[str, Any], runs: list[Any], rank_tag: str | None, fallback: int) -> float:
     if rank_tag is not None:
         raw: Any = tags.get(rank_tag)
         try:
@@ -215,6 +204,4 @@ def _order(
             raise InvalidInput(f"task tag {rank_tag!r} is out of range: {raw!r}")
         return value
     # Tasks resolved before any run sort by deadline; they are never offered anyway.
-    if not runs:
-        return float(fallback)
-    return float(parse_time_ms(runs[0]["scheduled"]) if first_ms is None else first_ms)
+    return float(parse_time_ms(runs[0]["scheduled"])) if runs else float(fallback)

@@ -14,10 +14,10 @@ Deliveries are applied in batches (up to ``batch_size``, or what arrived within 
 seconds), one :meth:`Store.apply` round trip per batch, and acknowledged only after that write,
 with one ``multiple`` ack; the next batch is decoded while one is written. Redis being down
 holds the batch and retries it; nothing is acked meanwhile, so the prefetch limit stops the
-flow. A lost connection is reopened and the queue
-consumed again (:mod:`~coalescer.ingest.amqp`); deliveries of the lost channel cannot be acked
-and come back from the broker, which is harmless because applying an event twice changes
-nothing. The queue is never deleted: events published while we are down wait for us.
+flow. A lost connection is reopened and the queue consumed again (:mod:`~coalescer.ingest.amqp`);
+deliveries of the lost channel cannot be acked and come back from the broker, which is harmless
+because applying an event twice changes nothing. The queue is never deleted: events published
+while we are down wait for us.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Literal, TypeVar, cast
 
@@ -262,10 +262,7 @@ class Store:
                 if (args := policy.script_args(key)) is not None:
                     deciding[key] = list(args)
         # One apply.lua call per (key, batch of its events), and where its reply lands.
-        calls: list[tuple[str, list[int]]] = []
-        for key, indexes in per_key.items():
-            step = 1 if key in deciding else APPLY_BATCH
-            calls.extend((key, indexes[j : j + step]) for j in range(0, len(indexes), step))
+        calls = apply_calls(per_key, alone=deciding)
         positions: list[int] = []
         at = 0
         for key, _ in calls:
@@ -277,7 +274,7 @@ class Store:
                 self._eval(
                     pipe,
                     "apply",
-                    (*keys.group(key), keys.resolutions(key)),
+                    apply_keys(key),
                     *apply_args([events[i] for i in indexes], now, self.grace_ms, LOG_LENGTH),
                 )
                 if key in deciding:
@@ -572,6 +569,23 @@ def by_key(events: Sequence[model.TaskEvent]) -> dict[str, list[int]]:
         for key in ev.keys:
             out.setdefault(key, []).append(i)
     return out
+
+
+def apply_calls(
+    per_key: Mapping[str, list[int]], *, alone: Container[str] = ()
+) -> list[tuple[str, list[int]]]:
+    """``apply.lua`` calls for :func:`by_key`'s events: ``(key, indexes)``, one per key for up
+    to :data:`APPLY_BATCH` of its events, in order (a key in ``alone``: one per event)."""
+    calls: list[tuple[str, list[int]]] = []
+    for key, indexes in per_key.items():
+        step = 1 if key in alone else APPLY_BATCH
+        calls.extend((key, indexes[j : j + step]) for j in range(0, len(indexes), step))
+    return calls
+
+
+def apply_keys(key: str) -> tuple[str, ...]:
+    """``apply.lua``'s KEYS for coalescing key ``key`` (see its header)."""
+    return (*keys.group(key), keys.resolutions(key))
 
 
 def apply_args(

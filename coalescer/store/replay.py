@@ -16,7 +16,14 @@ from typing import Any
 from coalescer import model
 from coalescer.store import keys
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
-from coalescer.store.redis import APPLY_BATCH, Store, apply_args, by_key, decode_snapshot
+from coalescer.store.redis import (
+    Store,
+    apply_args,
+    apply_calls,
+    apply_keys,
+    by_key,
+    decode_snapshot,
+)
 
 
 async def holds_nothing(store: Store) -> bool:
@@ -59,22 +66,18 @@ async def apply_and_ask(
 ) -> model.KeySnapshot:
     """Apply ``events`` (every key of each), then read ``key``'s snapshot for ``initial``."""
     calls = [
-        [
-            *keys.group(k),
-            keys.resolutions(k),
-            *apply_args(
-                [events[i] for i in indexes[j : j + APPLY_BATCH]], now_ms, store.grace_ms, 0
-            ),
-        ]
-        for k, indexes in by_key(events).items()
-        for j in range(0, len(indexes), APPLY_BATCH)
+        (apply_keys(k), apply_args([events[i] for i in indexes], now_ms, store.grace_ms, 0))
+        for k, indexes in apply_calls(by_key(events))
     ]
     t, p, w, d, _ = keys.group(key)
     if isinstance(store.fast, PipelinedClient) and store._sha:
         # Commands on one connection run in the order sent: the applies before the read.
         try:
             sha = store._sha["apply"]
-            sent = [store.fast.execute("EVALSHA", sha, 6, *args) for args in calls]
+            sent = [
+                store.fast.execute("EVALSHA", sha, len(names), *names, *args)
+                for names, args in calls
+            ]
             read = store.fast.execute(
                 "EVALSHA", store._sha["snapshot"], 4, t, p, w, d, initial, now_ms, cap
             )
@@ -85,8 +88,8 @@ async def apply_and_ask(
             pass  # redis-py reloads the scripts, or raises the real error; applying is idempotent
 
     def fill(pipe: Any) -> None:
-        for args in calls:
-            store._eval(pipe, "apply", args[:6], *args[6:])
+        for names, args in calls:
+            store._eval(pipe, "apply", names, *args)
         store._eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
 
     replies = await store._pipeline(fill)

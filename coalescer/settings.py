@@ -206,11 +206,16 @@ def amqp_url(url: str | None, name: str = "PULSE_URL") -> str | None:
         raise ConfigError(f"{name} has no usable port (1-65535): {redact_url(url)}")
     if not parts.hostname:
         raise ConfigError(f"{name} names no host: {redact_url(url)}")
-    for heartbeat in parse_qs(parts.query).get("heartbeat", []):
+    query = parse_qs(parts.query)
+    for heartbeat in query.get("heartbeat", []):
         if not heartbeat.isdigit():
             raise ConfigError(
                 f"{name}'s heartbeat must be a whole number of seconds, not {heartbeat!r}"
             )
+    # A CA file that cannot be read is no broker's fault: retrying would never reach one.
+    for cafile in query.get("cafile", []):
+        if not os.access(cafile, os.R_OK) or not os.path.isfile(cafile):
+            raise ConfigError(f"{name}'s cafile {cafile!r} is not a readable file")
     return url
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from coalescer.errors import ConfigError
@@ -35,6 +37,8 @@ def test_secrets_never_print() -> None:
         ({"PULSE_URL": "amqps://h:abc/"}, "no usable port"),
         ({"PULSE_URL": "amqp:///"}, "names no host"),
         ({"PULSE_URL": "amqp://h/?heartbeat=soon"}, "heartbeat must be a whole number"),
+        ({"PULSE_URL": "amqps://h/?cafile=/no/such/ca.pem"}, "cafile '/no/such/ca.pem' is not"),
+        ({"PULSE_URL": "amqps://h/?cafile=/"}, "cafile '/' is not a readable file"),
         ({"COALESCER_REDIS_TLS_VERIFY": "maybe"}, "true or false"),
         ({"COALESCER_LEARN_UNKNOWN": "maybe"}, "COALESCER_LEARN_UNKNOWN must be true or false"),
         ({"COALESCER_LEARN_TIMEOUT": "soon"}, "must be a number of seconds"),
@@ -92,3 +96,10 @@ def test_an_amqp_url_flag_is_checked_as_the_setting_is() -> None:
     assert amqp_url("amqps://u:pw@h:5671/vhost?heartbeat=30") == (
         "amqps://u:pw@h:5671/vhost?heartbeat=30"
     )
+
+
+def test_an_amqps_url_naming_a_readable_ca_file_is_taken(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    url = f"amqps://u:pw@h/?cafile={ca}"
+    assert Settings.from_environ({"PULSE_URL": url}).pulse_url is not None

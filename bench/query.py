@@ -5,7 +5,9 @@ on the realistic mix (the default) and on one URL, and against a tc-coalesce mod
 
 Each server is one process on loopback; wrk drives it with 32 connections from one thread.
 Rounds alternate between the servers (service, bare, service, bare...) and the medians are
-compared, with the load average beside them: the machine is shared and noisy.
+compared, with the load average beside them: the machine is shared and noisy. The rotating mix
+is measured again with the machine kept busy by other work: one busy-loop process, then one
+per core.
 BENCH_ROUNDS (at least 5) and BENCH_SECONDS set the rounds and their length.
 
 ``--against DIR`` also serves the rotating mix with the ``coalescer`` package of another
@@ -36,6 +38,7 @@ from serving import (
     Run,
     alternate,
     bare,
+    busy,
     check_mix,
     cpu_of,
     free_port,
@@ -130,6 +133,17 @@ def main(against: Path | None) -> int:
                     "bare": lambda: wrk_run(base["bare"], path=single, cpu=cpu["bare"]),
                 }
             )
+            # Other work on the machine: the service's web process shares the cores with Redis
+            # as well, where the bare endpoint's has only wrk and the busy loops beside it.
+            busy_mix: dict[int, dict[str, Run]] = {}
+            for n in sorted({1, os.cpu_count() or 1}):
+                print(
+                    f"\nrotating mix, the machine busy: {n} busy-loop process{'es' * (n > 1)} "
+                    "beside the servers",
+                    flush=True,
+                )
+                with busy(n):
+                    busy_mix[n] = alternate({name: runs[name] for name in ("coalescer", "bare")})
             tc: dict[str, Run] = {}
             if have_tc:
                 env = {**os.environ, "REDIS_URL": REDIS_URL}
@@ -172,7 +186,9 @@ def main(against: Path | None) -> int:
         f"  {'':28} {'coalescer':>10} {'bare':>10} {'ratio':>7}   CPU us/request: "
         f"{'coalescer (web + Redis)':>23} {'bare':>6} {'bare/coalescer':>14}"
     )
-    for name, m in (("rotating mix", mix), ("one URL", one)):
+    lines = [("rotating mix", mix), ("one URL", one)]
+    lines += [(f"rotating mix, {n} busy loop{'s' * (n > 1)}", m) for n, m in busy_mix.items()]
+    for name, m in lines:
         c, b = m["coalescer"], m["bare"]
         split = f"{c.cpu_us:.0f} ({c.cpu_us - c.redis_us:.0f} + {c.redis_us:.0f})"
         print(

@@ -335,5 +335,18 @@ def alternate(runs: dict[str, Callable[[], Run]], rounds: int = ROUNDS) -> dict[
     }
 
 
+@contextlib.contextmanager
+def busy(processes: int) -> Iterator[None]:
+    """``processes`` busy loops at normal priority while it lasts: other work keeping the
+    machine busy, the same for every server measured meanwhile."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def scratch() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="coalescer-bench-")

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import redis
@@ -22,7 +22,7 @@ class RedisServer:
     """One throwaway ``redis-server`` on a free loopback port, without persistence: a restart
     starts it empty, as a Redis without persistence (or a lost volume) does."""
 
-    def __init__(self, *options: str) -> None:
+    def __init__(self, *options: str, env: Mapping[str, str] | None = None) -> None:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -32,11 +32,12 @@ class RedisServer:
             "--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning",
             "--logfile", str(self.workdir / "redis.log"), *options,
         ]  # fmt: skip
+        self.env = None if env is None else {**os.environ, **env}
         self.proc: subprocess.Popen[bytes] | None = None
         self.client = redis.Redis(port=self.port, socket_timeout=5)
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, env=self.env)
         deadline = time.monotonic() + 10
         while not self._answers():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -106,8 +107,10 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(*options: str) -> Iterator[RedisServer]:
-    server = RedisServer("--maxmemory-policy", "noeviction", *options)
+def redis_server(*options: str, env: Mapping[str, str] | None = None) -> Iterator[RedisServer]:
+    """A started :class:`RedisServer`, stopped after; ``env``: variables to add to its
+    environment (a locale, say)."""
+    server = RedisServer("--maxmemory-policy", "noeviction", *options, env=env)
     server.start()
     try:
         yield server

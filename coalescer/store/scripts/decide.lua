@@ -209,8 +209,19 @@ for i = 1, #flat, 2 do
   end
 end
 
+-- Whether taskId `a` comes before `b` byte by byte, as Redis orders a sorted set's members and
+-- the model orders ties. Lua's `<` on strings follows the server's locale (`strcoll`): under
+-- en_US.UTF-8, for one, 'a' < 'B'.
+local function id_before(a, b)
+  local i = 1
+  while i <= #a and string.byte(a, i) == string.byte(b, i) do
+    i = i + 1
+  end
+  return (string.byte(a, i) or -1) < (string.byte(b, i) or -1)
+end
+
 local function before(a, b)
-  return a.order < b.order or (a.order == b.order and a.id < b.id)
+  return a.order < b.order or (a.order == b.order and id_before(a.id, b.id))
 end
 
 local function passes()

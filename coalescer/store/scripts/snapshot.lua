@@ -14,6 +14,17 @@ local initial, now, cap = ARGV[1], ARGV[2], ARGV[3]
 -- The oldest wait only matters to a query with an age threshold, and Redis formats the score.
 local wait = ARGV[4] ~= '0'
 
+-- Whether taskId `a` comes after `b` as Redis orders a sorted set's members of equal score
+-- (byte by byte). Lua's `>` on strings follows the server's locale (`strcoll`): under
+-- en_US.UTF-8, for one, 'a' < 'B', where Redis and the model put 'B' first.
+local function after(a, b)
+  local i = 1
+  while i <= #a and string.byte(a, i) == string.byte(b, i) do
+    i = i + 1
+  end
+  return (string.byte(a, i) or -1) > (string.byte(b, i) or -1)
+end
+
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', '0', '256')) do
   redis.call('ZREM', p, old)
   redis.call('ZREM', w, old)
@@ -36,7 +47,7 @@ if initial ~= '' then
     local rank, mine = string.match(cur, '^%d+|(%d+)|([^|]*)|')
     local newer = redis.call('ZCOUNT', p, '(' .. mine, '+inf')
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', p, mine, mine)) do
-      if id > initial then
+      if after(id, initial) then
         newer = newer + 1
       end
     end

@@ -89,14 +89,14 @@ def main() -> int:
         tmp = stack.enter_context(scratch())
         script = rotation_script(paths, Path(tmp))
         runs: dict[str, Callable[[], Run]] = {}
-        servers: dict[str, tuple[RedisServer, int]] = {}
+        servers: dict[str, tuple[RedisServer, int, int]] = {}
         for size in SIZES:
             server = stack.enter_context(redis_server())
             empty = int(server.client.info("memory")["used_memory"])
             asyncio.run(write(server.url, mix_events(ids, now_ms)))
             if size > queried:
                 load_filler(server.url, size - queried, now_ms, started)
-            servers[f"{size:,}"] = (server, empty)
+            servers[f"{size:,}"] = (server, empty, size)
             port = free_port()
             proc = stack.enter_context(service(port, server.url))
             base = f"http://127.0.0.1:{port}"
@@ -110,7 +110,7 @@ def main() -> int:
         # After the queries: the answers they logged for the pages count too.
         memory = {
             name: (int(server.client.info("memory")["used_memory"]) - empty) / size
-            for (name, (server, empty)), size in zip(servers.items(), SIZES, strict=True)
+            for name, (server, empty, size) in servers.items()
         }
     first = results[f"{SIZES[0]:,}"]
     print(f"\nsummary (medians; {load()}):")

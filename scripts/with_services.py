@@ -4,7 +4,8 @@ Redis: ``COALESCER_TEST_REDIS_URL`` or ``REDIS_URL`` if set; else a throwaway ``
 on a free loopback port, stopped afterwards. RabbitMQ: ``COALESCER_TEST_AMQP_URL`` or
 ``PULSE_URL`` if set; else the local broker on 127.0.0.1:5672 (started if installed but
 stopped). A browser for the page tests: ``COALESCER_TEST_CHROMIUM`` if set, else Debian's
-``chromium``. Whatever is missing is installed with apt-get when running as root, else named.
+``chromium``. The en_US locale's definition, for a Redis run under it. Whatever is missing is
+installed with apt-get when running as root, else named.
 The command then runs with both URLs and the browser's path in its environment.
 
     python scripts/with_services.py pytest -q
@@ -49,17 +50,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def install(package: str, why: str) -> bool:
+    """Install Debian's ``package`` with apt-get when running as root; whether it was tried."""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return False
+    say(f"{why}: installing Debian's {package} (apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True, env=env)
+    return True
+
+
 def ensure_binary(binary: str, package: str, hint: str | None = None) -> str:
     found = shutil.which(binary) or (
         f"/usr/sbin/{binary}" if os.path.exists(f"/usr/sbin/{binary}") else None
     )
     if found:
         return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        say(f"{binary} not found: installing Debian's {package} (apt-get)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True, env=env)
+    if install(package, f"{binary} not found"):
         found = shutil.which(binary) or f"/usr/sbin/{binary}"
         if os.path.exists(found):
             return found
@@ -124,6 +132,20 @@ def ensure_chromium() -> str:
     return ensure_binary("chromium", "chromium", "set COALESCER_TEST_CHROMIUM to a Chromium binary")
 
 
+#: What tests/integration/test_collation.py compiles en_US.UTF-8 from (localedef), to run a
+#: Redis whose Lua compares strings by a collation that is not byte order.
+LOCALE_SOURCE = "/usr/share/i18n/locales/en_US"
+
+
+def ensure_locale_source() -> None:
+    if os.path.exists(LOCALE_SOURCE) or install("locales", f"{LOCALE_SOURCE} not found"):
+        return
+    sys.exit(
+        f"[services] {LOCALE_SOURCE} is needed for the tests (a Redis run under en_US.UTF-8). "
+        "Install it with 'sudo apt-get install locales'."
+    )
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         sys.exit(__doc__)
@@ -139,6 +161,7 @@ def main(argv: list[str]) -> int:
     if any("pytest" in arg for arg in argv):  # not for benchmarks
         env["COALESCER_TEST_CHROMIUM"] = ensure_chromium()  # the browser test
         ensure_binary("openssl", "openssl")  # certificates for the amqps test
+        ensure_locale_source()  # a Redis under a locale that does not collate byte by byte
         if urlsplit(amqp_url).hostname in ("127.0.0.1", "localhost", "::1"):
             # the tests that cut connections and start a broker node of their own
             ensure_binary("rabbitmqctl", "rabbitmq-server")

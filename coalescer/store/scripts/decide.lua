@@ -211,7 +211,7 @@ end
 
 -- Whether taskId `a` comes before `b` byte by byte, as Redis orders a sorted set's members and
 -- the model orders ties. Lua's `<` on strings follows the server's locale (`strcoll`): under
--- en_US.UTF-8, for one, 'a' < 'B'.
+-- en_US.UTF-8, for one, 'a' < 'B'. (snapshot.lua has the same; scripts cannot share code.)
 local function id_before(a, b)
   local i = 1
   while i <= #a and string.byte(a, i) == string.byte(b, i) do

@@ -14,15 +14,15 @@ local initial, now, cap = ARGV[1], ARGV[2], ARGV[3]
 -- The oldest wait only matters to a query with an age threshold, and Redis formats the score.
 local wait = ARGV[4] ~= '0'
 
--- Whether taskId `a` comes after `b` as Redis orders a sorted set's members of equal score
--- (byte by byte). Lua's `>` on strings follows the server's locale (`strcoll`): under
--- en_US.UTF-8, for one, 'a' < 'B', where Redis and the model put 'B' first.
-local function after(a, b)
+-- Whether taskId `a` comes before `b` byte by byte, as Redis orders a sorted set's members and
+-- the model orders ties. Lua's `<` on strings follows the server's locale (`strcoll`): under
+-- en_US.UTF-8, for one, 'a' < 'B'. (decide.lua has the same; scripts cannot share code.)
+local function id_before(a, b)
   local i = 1
   while i <= #a and string.byte(a, i) == string.byte(b, i) do
     i = i + 1
   end
-  return (string.byte(a, i) or -1) > (string.byte(b, i) or -1)
+  return (string.byte(a, i) or -1) < (string.byte(b, i) or -1)
 end
 
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', '0', '256')) do
@@ -47,7 +47,7 @@ if initial ~= '' then
     local rank, mine = string.match(cur, '^%d+|(%d+)|([^|]*)|')
     local newer = redis.call('ZCOUNT', p, '(' .. mine, '+inf')
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', p, mine, mine)) do
-      if after(id, initial) then
+      if id_before(initial, id) then
         newer = newer + 1
       end
     end

@@ -66,6 +66,9 @@ class Settings:
     #: ``COALESCER_MAX_HEADER_BYTES``: largest request head (request line and headers)
     max_header_bytes: int = 16 << 10
     taskcluster_root_url: str | None = None
+    #: ``COALESCER_PUBLIC_URL``: the service's URL as people reach it, for the links in the logs
+    #: of runs the enforcer supersedes
+    public_url: str | None = None
     #: ``COALESCER_LEARN_UNKNOWN``: ask the queue about a queried task the index does not know
     #: (only with ``TASKCLUSTER_ROOT_URL``; see coalescer.ingest.learn)
     learn_unknown: bool = True
@@ -155,6 +158,7 @@ class Settings:
             max_body_bytes=integer("COALESCER_MAX_BODY_BYTES", cls.max_body_bytes, 1024),
             max_header_bytes=integer("COALESCER_MAX_HEADER_BYTES", cls.max_header_bytes, 1024),
             taskcluster_root_url=(get("TASKCLUSTER_ROOT_URL") or "").rstrip("/") or None,
+            public_url=(get("COALESCER_PUBLIC_URL") or "").rstrip("/") or None,
             learn_unknown=flag("COALESCER_LEARN_UNKNOWN", cls.learn_unknown),
             learn_timeout=seconds("COALESCER_LEARN_TIMEOUT", cls.learn_timeout),
             query_timeout=seconds("COALESCER_QUERY_TIMEOUT", cls.query_timeout),

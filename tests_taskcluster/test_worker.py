@@ -1,35 +1,36 @@
 """Scenario 2: ``coalescer worker`` (the shim in the reference worker) against the real queue:
 it claims the oldest task, asks the service, claims the rest, runs the newest and resolves the
-others. Release 106 rejects ``superseded``, so ``auto`` resolution completes a secondary that no
-task depends on and cancels one that has dependents."""
+others. Release 106 rejects ``superseded``, so the default ``auto`` resolution cancels each
+secondary (never ``completed``), and, for a worker whose credentials may not cancel, releases
+them so that each runs itself."""
 
 from __future__ import annotations
 
 import datetime
 
 import pytest
+import taskcluster
 
 from tests_taskcluster.support import RESOLVED, Loop, RealQueue, Run, in_thread
 
 pytestmark = pytest.mark.integration
 
+BACKING = "public/logs/live_backing.log"
 
-async def test_the_worker_runs_the_newest_task_and_resolves_the_others(
+
+async def test_the_worker_runs_the_newest_task_and_cancels_the_others(
     loop: Loop, queue: RealQueue, run: Run
 ) -> None:
     service = await loop.start_service()
     superseder = f"{service}/build/linux"
     ids = [
         queue.create("build.linux", superseder=superseder, command='echo "ran $TASK_ID"')
-        for _ in range(4)
+        for _ in range(5)
     ]
     # A task waiting for the second one: superseding must never let it be scheduled.
     dependent = queue.create("other", dependencies=[ids[1]])
 
-    async def indexed() -> bool:
-        return await loop.pending("build.linux") == ids
-
-    await loop.eventually(indexed, "the four tasks indexed")
+    await loop.eventually(lambda: _pending_are(loop, "build.linux", ids), "the five tasks indexed")
     loop.procs.start(
         "worker", "worker",
         "--task-queue-id", run.task_queue_id,
@@ -52,20 +53,83 @@ async def test_the_worker_runs_the_newest_task_and_resolves_the_others(
         t: [(r["state"], r.get("reasonResolved")) for r in queue.status(t)["runs"]]
         for t in ids[:-1]
     }
-    assert ends == {
-        ids[0]: [("completed", "completed")],
-        ids[1]: [("exception", "canceled")],
-        ids[2]: [("completed", "completed")],
-    }
+    # None reads as passed.
+    assert ends == {t: [("exception", "canceled")] for t in ids[:-1]}
     for task_id in ids[:-1]:
         assert queue.artifact(task_id, 0, "public/superseded-by.json") == {
             "taskId": ids[-1],
             "runId": 0,
         }
-        # Never run: the superseded tasks' logs do not exist.
+        # Never run: no live log; the backing log the UI opens says what happened instead.
         assert queue.artifact(task_id, 0, "public/logs/live.log") is None
+        text = queue.artifact(task_id, 0, BACKING)
+        assert f"task {ids[-1]} run 0 superseded it" in text
+        assert "Resolved exception/canceled" in text
+        assert f"{loop.env['TASKCLUSTER_ROOT_URL']}/tasks/{ids[-1]}" in text
+        assert f"{service}/tasks/{task_id}" in text
     assert queue.state(dependent) == "unscheduled"
     await loop.eventually(lambda: _empty(loop), "the key to have no pending task")
+
+
+async def test_a_worker_that_may_not_cancel_lets_each_task_run_itself(
+    loop: Loop, queue: RealQueue, run: Run
+) -> None:
+    """Without ``queue:cancel-task``, ``auto`` never completes a superseded task: the first
+    secondaries are released (each says so in its log), and every task runs itself."""
+    service = await loop.start_service()
+    superseder = f"{service}/nocancel"
+    ids = [
+        queue.create("nocancel", superseder=superseder, command='echo "ran $TASK_ID"')
+        for _ in range(3)
+    ]
+    await loop.eventually(lambda: _pending_are(loop, "nocancel", ids), "the three tasks indexed")
+    deployment = queue.deployment
+    scopes = [
+        "queue:claim-work:coalescer-rt/*",
+        "queue:claim-task:coalescer-rt/*",
+        "queue:worker-id:coalescer-rt/*",
+        "queue:status:*",
+        "queue:get-task:*",
+        "queue:get-artifact:public/*",
+    ]
+    now = datetime.datetime.now(datetime.UTC)
+    temporary = taskcluster.createTemporaryCredentials(
+        deployment.client_id,
+        deployment.access_token,
+        now - datetime.timedelta(minutes=5),
+        now + datetime.timedelta(hours=1),
+        scopes,
+    )
+    loop.procs.env = dict(
+        loop.env,
+        TASKCLUSTER_CLIENT_ID=temporary["clientId"],
+        TASKCLUSTER_ACCESS_TOKEN=temporary["accessToken"],
+        TASKCLUSTER_CERTIFICATE=temporary["certificate"],
+    )
+    loop.procs.start(
+        "worker", "worker",
+        "--task-queue-id", run.task_queue_id,
+        "--worker-group", "coalescer-rt",
+        "--worker-id", f"w-{run.uid}",
+        "--superseder-allow", f"{service}/",
+    )  # fmt: skip
+    await loop.eventually(
+        lambda: in_thread(lambda: all(queue.state(t) in RESOLVED for t in ids)),
+        "every task resolved",
+    )
+    for task_id in ids:
+        runs = queue.status(task_id)["runs"]
+        # Each ran itself, after at most one release.
+        assert runs[-1]["reasonResolved"] == "completed", runs
+        assert all(r["reasonResolved"] == "worker-shutdown" for r in runs[:-1]), runs
+        assert f"ran {task_id}" in queue.artifact(
+            task_id, runs[-1]["runId"], "public/logs/live.log"
+        )
+        for released in runs[:-1]:
+            assert queue.artifact(task_id, released["runId"], "public/superseded-by.json") is None
+            text = queue.artifact(task_id, released["runId"], BACKING)
+            assert "will run again" in text and "may not cancel" in text
+    assert any(len(queue.status(t)["runs"]) == 2 for t in ids)  # one release happened at least
 
 
 async def _empty(loop: Loop) -> bool:

@@ -23,6 +23,7 @@ from taskcluster.exceptions import TaskclusterFailure
 from coalescer.model import parse_time_ms
 from coalescer.store.policy import Entry
 from coalescer.worker.claims import Claim, Clock, Connection, http_status, utcnow
+from coalescer.worker.notice import Why
 from coalescer.worker.protocol import (
     RELEASED,
     SPARED,
@@ -93,6 +94,7 @@ class Actions:
         worker_group: str = "coalescer",
         worker_id: str = "enforcer",
         supersede_as: SupersedeAs = SupersedeAs.AUTO,
+        public_url: str | None = None,
         clock: Clock = utcnow,
         reclaim_fraction: float = 1 / 3,
     ) -> None:
@@ -100,7 +102,14 @@ class Actions:
         self.conn = conn
         self.http = http
         self.me = {"workerGroup": worker_group, "workerId": worker_id}
-        self.superseding = Superseding(supersede_as, queue, http)
+        self.public_url = public_url
+        self.superseding = Superseding(
+            supersede_as,
+            queue,
+            http,
+            root_url=conn.root_url,
+            by=f"coalescer enforce ({worker_group}/{worker_id})",
+        )
         self.clock = clock
         self.fraction = reclaim_fraction
 
@@ -161,7 +170,9 @@ class Actions:
             return Result("superseded")
         cascaded = await self.cascade(entry) if entry.cascade == "cancel" else ()
         try:
-            done = await self.superseding.supersede(got, (entry.primary, entry.primary_run))
+            done = await self.superseding.supersede(
+                got, (entry.primary, entry.primary_run), self._why(entry)
+            )
         except (TaskclusterFailure, httpx.HTTPError) as exc:
             status = http_status(exc)
             if status == 409:
@@ -284,6 +295,12 @@ class Actions:
         return tuple(canceled)
 
     # -- helpers ----------------------------------------------------------------------------
+    def _why(self, entry: Entry) -> Why:
+        return Why(
+            rule=f"policy rule {entry.rule!r} on key {entry.key}: {entry.reason}",
+            service=self.public_url,
+        )
+
     async def _release(self, claim: Claim) -> None:
         try:
             await claim.queue.reportException(

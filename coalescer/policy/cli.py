@@ -39,8 +39,9 @@ def register(sub: Any) -> None:
         "--resolve-superseded-as",
         choices=[m.value for m in SupersedeAs],
         default=SupersedeAs.AUTO.value,
-        help="auto: exception/superseded; where the queue rejects it, completed if no "
-        "dependent waits for the task, else canceled, else released",
+        help="auto (default): exception/superseded; where the queue rejects it, canceled, or "
+        "released when the credentials may not cancel. completed shows superseded tasks as "
+        "passed on every dashboard",
     )
     p.add_argument("--lease", type=float, default=60.0, metavar="S", help="key lease (60 s)")
     p.add_argument("--poll", type=float, default=1.0, metavar="S", help="idle wait (1 s)")
@@ -120,6 +121,7 @@ async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
             worker_group=args.worker_group,
             worker_id=args.worker_id,
             supersede_as=SupersedeAs(args.resolve_superseded_as),
+            public_url=settings.public_url,
             consumer=args.consumer,
             lease_ms=int(args.lease * 1000),
             poll=args.poll,

@@ -84,7 +84,10 @@ class EmbeddedEnforcer:
         self, settings: Settings, store: Store, root_url: str, creds: Mapping[str, str]
     ) -> None:
         try:
-            async with connect(store, root_url, creds, policy=settings.policy) as enforcer:
+            public_url = settings.public_url or f"http://{settings.host}:{settings.port}"
+            async with connect(
+                store, root_url, creds, policy=settings.policy, public_url=public_url
+            ) as enforcer:
                 log.info(
                     "enforcing superseding decisions in this process (embedded store) on %s as %s",
                     root_url,

@@ -70,6 +70,7 @@ async def connect(
     worker_group: str = "coalescer",
     worker_id: str = "enforcer",
     supersede_as: SupersedeAs = SupersedeAs.AUTO,
+    public_url: str | None = None,
     consumer: str | None = None,
     lease_ms: int = 60_000,
     poll: float = 1.0,
@@ -93,6 +94,7 @@ async def connect(
             worker_group=worker_group,
             worker_id=worker_id,
             supersede_as=supersede_as,
+            public_url=public_url,
         )
         yield Enforcer(
             store,

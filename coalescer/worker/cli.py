@@ -55,8 +55,9 @@ def register(subparsers: Any) -> None:
         "--resolve-superseded-as",
         choices=[m.value for m in SupersedeAs],
         default=SupersedeAs.AUTO.value,
-        help="auto: exception/superseded; where the queue rejects it, completed if no "
-        "dependent waits for the task, else canceled, else released",
+        help="auto (default): exception/superseded; where the queue rejects it, canceled, or "
+        "released when the credentials may not cancel. completed shows superseded tasks as "
+        "passed on every dashboard",
     )
     p.add_argument(
         "--on-primary-failure",

@@ -49,24 +49,41 @@ class Order(enum.StrEnum):
 
 
 class SupersedeAs(enum.StrEnum):
-    """How a secondary is resolved once the primary has run.
+    """How a secondary is resolved once the primary has run. None but ``completed`` lets a
+    run that never ran its command read as a success.
 
     * ``exception-superseded`` — ``reportException(reason="superseded")``: the documented
-      resolution; only queues before Taskcluster v40 accept it.
-    * ``completed`` — ``reportCompleted`` after the ``superseded-by`` artifact: every queue
-      accepts it, but the task's dependents are then scheduled as if it had run.
+      resolution; only queues before Taskcluster v40 accept it. Where the queue rejects it, the
+      run is released (``worker-shutdown``) and the task runs itself.
     * ``canceled`` — ``cancelTask`` with the worker's own credentials (needs
-      ``queue:cancel-task:...``): dependents stay blocked, as with ``superseded``.
-    * ``auto`` — ``exception-superseded`` while the queue accepts it; on a queue that rejects
-      the reason, per task (:func:`fallback`): ``completed`` when no dependent waits for the
-      task, else ``canceled`` when the credentials allow, else released (``worker-shutdown``)
-      so that it runs itself. A superseded task never schedules its dependents.
+      ``queue:cancel-task:...``): the run ends ``exception/canceled``.
+    * ``auto`` (the default) — ``exception-superseded`` while the queue accepts it; on a queue
+      that rejects the reason, ``canceled`` (:func:`fallback`), and where the credentials may
+      not cancel, released so that the task runs itself.
+    * ``completed`` — ``reportCompleted`` after the ``superseded-by`` artifact. Every queue
+      accepts it, but every dashboard then shows the run as passed, and ``all-completed``
+      dependents are scheduled as if it had run: only when asked for by name
+      (:func:`mode_warning`).
+
+    An ``exception`` resolution (``superseded``, ``canceled``) resolves the task: dependents
+    with ``requires: all-resolved`` are scheduled, ``all-completed`` ones never are.
     """
 
     AUTO = "auto"
     EXCEPTION_SUPERSEDED = "exception-superseded"
     COMPLETED = "completed"
     CANCELED = "canceled"
+
+
+def mode_warning(mode: SupersedeAs) -> str | None:
+    """What an operator must know at start about ``mode``, or None."""
+    if mode is not SupersedeAs.COMPLETED:
+        return None
+    return (
+        "superseded tasks will be resolved 'completed' (--resolve-superseded-as completed): "
+        "the Taskcluster UI, Treeherder and GitHub checks will show them as passed although "
+        "they never ran, and their all-completed dependents will be scheduled"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -85,30 +102,16 @@ class Resolution:
 
 RELEASED = "released"
 SPARED = "spared"
+REJECTS = "the queue rejects reason 'superseded'"
 
 
-def fallback(waiting: int | None, may_cancel: bool) -> Resolution:
-    """How ``auto`` ends a superseded run on a queue that rejects ``superseded``.
-
-    ``waiting``: how many of the task's dependents are unresolved (``None``: unknown, e.g. no
-    ``queue:list-dependent-tasks`` scope). Completing schedules them as if the task had run, so
-    only a task nothing waits for is completed; canceling keeps them blocked, as ``superseded``
-    does; without the scope to cancel, the run is released and the task runs itself.
-    """
-    if waiting == 0:
-        return Resolution("completed", "no dependent waits for it")
-    waits = (
-        "its dependents could not be listed"
-        if waiting is None
-        else f"{waiting} dependent{'s' if waiting > 1 else ''} wait{'' if waiting > 1 else 's'} "
-        "for it"
-    )
+def fallback(may_cancel: bool) -> Resolution:
+    """How ``auto`` ends a superseded run on a queue that rejects ``superseded``: canceled
+    (``exception/canceled``, never a success), or, when the credentials may not cancel,
+    released (``worker-shutdown``) so that the task runs itself."""
     if may_cancel:
-        return Resolution("canceled", f"{waits}, and completing it would schedule them")
-    return Resolution(
-        RELEASED,
-        f"{waits}, completing it would schedule them, and the credentials may not cancel it",
-    )
+        return Resolution("canceled", REJECTS)
+    return Resolution(RELEASED, f"{REJECTS}, and the credentials may not cancel tasks")
 
 
 class OnPrimaryFailure(enum.StrEnum):

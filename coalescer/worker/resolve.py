@@ -14,21 +14,24 @@ from typing import Any
 import httpx
 from taskcluster.exceptions import TaskclusterFailure
 
+from coalescer.worker import notice
 from coalescer.worker.claims import Claim, http_status
+from coalescer.worker.notice import Why
 from coalescer.worker.protocol import (
+    REJECTS,
     RELEASED,
     SUPERSEDED_BY,
     Outcome,
     Resolution,
     SupersedeAs,
     fallback,
+    mode_warning,
     superseded_by_json,
 )
 
 log = logging.getLogger("coalescer.worker")
 
 JSON = "application/json"
-_RESOLVED = frozenset({"completed", "failed", "exception"})
 
 
 async def put_artifact(
@@ -81,63 +84,76 @@ async def dependents(queue: Any, task_id: str) -> list[Mapping[str, Any]]:
 
 
 class Superseding:
-    """Ends held runs as superseded, per :class:`SupersedeAs`, and says how and why.
+    """Ends held runs as superseded, per :class:`SupersedeAs`, says how and why, and leaves the
+    run a log that says so (:mod:`coalescer.worker.notice`).
 
     For ``auto`` and ``exception-superseded`` it learns once whether the queue accepts reason
     ``superseded`` (a current queue answers 400). ``worker_queue`` signs with the worker's own
-    credentials, for ``listDependentTasks`` and ``cancelTask`` (a claim's credentials lack
-    those scopes); the first 401/403 on ``cancelTask`` is remembered.
+    credentials, for ``cancelTask`` (a claim's credentials lack that scope); the first 401/403
+    on ``cancelTask`` is remembered. ``root_url`` (the Taskcluster UI's) links the log to the
+    superseding task; ``by`` names who resolves (a worker, the enforcer).
 
     ``public/superseded-by.json`` is uploaded only where the resolution as superseded follows:
     before ``reportCompleted``, or after an ``exception`` resolution (``superseded``,
     ``canceled``), which the queue still takes artifacts for (25 min; seed 003). A run released
-    because the queue refused gets none, so no artifact names a primary that did not supersede.
+    because it could not be superseded gets none, so no artifact names a primary that did not
+    supersede; its log says why it was given back.
     """
 
-    def __init__(self, mode: SupersedeAs, worker_queue: Any, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        mode: SupersedeAs,
+        worker_queue: Any,
+        http: httpx.AsyncClient,
+        *,
+        root_url: str | None = None,
+        by: str = "coalescer",
+    ) -> None:
         self.mode = mode
         self._worker_queue = worker_queue
         self._http = http
+        self._root_url = root_url
+        self._by = by
         #: Whether the queue accepts reason ``superseded`` (None: not asked yet).
         self.accepts_superseded: bool | None = None
         self._may_cancel = True
+        if (warning := mode_warning(mode)) is not None:
+            log.warning("%s", warning)
 
-    async def supersede(self, claim: Claim, primary: tuple[str, int]) -> Resolution:
-        """End ``claim``'s run superseded by ``primary`` (``(taskId, runId)``). Raises the
-        queue's error when a call fails (409: the run is not ours any more); a refusal to
-        supersede releases the run and answers ``released``."""
-        body = superseded_by_json(*primary)
+    async def supersede(self, claim: Claim, primary: tuple[str, int], why: Why) -> Resolution:
+        """End ``claim``'s run superseded by ``primary`` (``(taskId, runId)``) for the reason
+        ``why``. Raises the queue's error when a call fails (409: the run is not ours any
+        more); a refusal to supersede releases the run and answers ``released``."""
         if self.mode in (SupersedeAs.AUTO, SupersedeAs.EXCEPTION_SUPERSEDED):
             if self.accepts_superseded is not False and await self._report_superseded(claim):
-                await self._link_after(claim, body)
-                return Resolution("exception/superseded", "the queue accepts reason 'superseded'")
+                done = Resolution("exception/superseded", "the queue accepts reason 'superseded'")
+                await self._link_after(claim, primary, done, why)
+                return done
             if self.mode is SupersedeAs.EXCEPTION_SUPERSEDED:
-                return await self._release(
-                    claim, Resolution(RELEASED, "the queue rejects reason 'superseded'")
-                )
+                return await self._release(claim, primary, Resolution(RELEASED, REJECTS), why)
         if self.mode is SupersedeAs.COMPLETED:
-            return await self._complete(claim, body, "--resolve-superseded-as completed")
+            done = Resolution("completed", "--resolve-superseded-as completed")
+            await put_artifact(self._http, claim, SUPERSEDED_BY, superseded_by_json(*primary))
+            await put_artifact(self._http, claim, notice.LOG, self._log(claim, primary, done, why))
+            await claim.queue.reportCompleted(claim.task_id, str(claim.run_id))
+            return done
         if self.mode is SupersedeAs.CANCELED:
-            await self._worker_queue.cancelTask(claim.task_id)
-            await self._link_after(claim, body)
-            return Resolution("canceled", "--resolve-superseded-as canceled")
-        waiting = await self._waiting(claim.task_id)
-        how = fallback(waiting, self._may_cancel)
-        if how.how == "completed":
-            return await self._complete(claim, body, how.why)
+            how = Resolution("canceled", "--resolve-superseded-as canceled")
+        else:
+            how = fallback(self._may_cancel)
         if how.how == "canceled":
             try:
                 await self._worker_queue.cancelTask(claim.task_id)
             except TaskclusterFailure as exc:
-                if http_status(exc) not in (401, 403):
+                if self.mode is SupersedeAs.CANCELED or http_status(exc) not in (401, 403):
                     raise
                 log.warning("the worker's credentials may not cancel tasks: %s", exc)
                 self._may_cancel = False
-                how = fallback(waiting, False)
+                how = fallback(False)
             else:
-                await self._link_after(claim, body)
+                await self._link_after(claim, primary, how, why)
                 return how
-        return await self._release(claim, how)
+        return await self._release(claim, primary, how, why)
 
     async def would_release(self, task_id: str) -> str | None:
         """Why superseding ``task_id`` could, as far as is known, only release it (None: it
@@ -146,20 +162,10 @@ class Superseding:
         if self.accepts_superseded is not False:
             return None
         if self.mode is SupersedeAs.EXCEPTION_SUPERSEDED:
-            return "the queue rejects reason 'superseded'"
+            return REJECTS
         if self.mode is SupersedeAs.AUTO and not self._may_cancel:
-            waiting = await self._waiting(task_id)
-            return None if waiting == 0 else fallback(waiting, may_cancel=False).why
+            return fallback(may_cancel=False).why
         return None
-
-    async def _waiting(self, task_id: str) -> int | None:
-        """How many dependents of ``task_id`` are unresolved; None when they cannot be listed."""
-        try:
-            found = await dependents(self._worker_queue, task_id)
-        except Exception as exc:  # unknown, which the caller handles; never blocks the task
-            log.warning("could not list the dependents of %s: %s", task_id, exc)
-            return None
-        return sum(1 for d in found if d["status"]["state"] not in _RESOLVED)
 
     async def _report_superseded(self, claim: Claim) -> bool:
         """``reportException(superseded)``; False when the queue rejects the reason (400)."""
@@ -171,28 +177,44 @@ class Superseding:
             if http_status(exc) != 400:
                 raise
             if self.accepts_superseded is None:
-                log.warning("the queue rejects reason 'superseded': %s", exc)
+                log.warning("%s: %s", REJECTS, exc)
             self.accepts_superseded = False
             return False
         self.accepts_superseded = True
         return True
 
-    async def _complete(self, claim: Claim, body: bytes, why: str) -> Resolution:
-        await put_artifact(self._http, claim, SUPERSEDED_BY, body)
-        await claim.queue.reportCompleted(claim.task_id, str(claim.run_id))
-        return Resolution("completed", why)
+    def _log(self, claim: Claim, primary: tuple[str, int], done: Resolution, why: Why) -> bytes:
+        return notice.render(
+            claim.task_id,
+            claim.run_id,
+            primary,
+            done.how,
+            done.why,
+            why,
+            root_url=self._root_url,
+            by=self._by,
+        )
 
-    async def _link_after(self, claim: Claim, body: bytes) -> None:
-        """The artifact after an ``exception`` resolution: best effort, the resolution stands."""
-        try:
-            await put_artifact(self._http, claim, SUPERSEDED_BY, body)
-        except (TaskclusterFailure, httpx.HTTPError) as exc:
-            log.warning("no %s on %r: %s", SUPERSEDED_BY, claim, exc)
+    async def _link_after(
+        self, claim: Claim, primary: tuple[str, int], done: Resolution, why: Why
+    ) -> None:
+        """The artifacts after an ``exception`` resolution: best effort, the resolution
+        stands."""
+        artifacts = [(SUPERSEDED_BY, superseded_by_json(*primary), JSON)] if done.superseded else []
+        artifacts.append((notice.LOG, self._log(claim, primary, done, why), notice.TEXT))
+        for name, body, content_type in artifacts:
+            try:
+                await put_artifact(self._http, claim, name, body, content_type)
+            except (TaskclusterFailure, httpx.HTTPError) as exc:
+                log.warning("no %s on %r: %s", name, claim, exc)
 
-    async def _release(self, claim: Claim, why: Resolution) -> Resolution:
-        log.warning("releasing %r rather than superseding it: %s", claim, why.why)
+    async def _release(
+        self, claim: Claim, primary: tuple[str, int], why_released: Resolution, why: Why
+    ) -> Resolution:
+        log.warning("releasing %r rather than superseding it: %s", claim, why_released.why)
         await release(claim)
-        return why
+        await self._link_after(claim, primary, why_released, why)
+        return why_released
 
 
 async def release(claim: Claim) -> None:
@@ -205,9 +227,17 @@ async def release(claim: Claim) -> None:
 class Resolver:
     """Resolves held runs. Remembers, for ``auto``, whether the queue accepts ``superseded``."""
 
-    def __init__(self, http: httpx.AsyncClient, worker_queue: Any, mode: SupersedeAs) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        worker_queue: Any,
+        mode: SupersedeAs,
+        *,
+        root_url: str | None = None,
+        by: str = "coalescer",
+    ) -> None:
         self._http = http
-        self.superseding = Superseding(mode, worker_queue, http)
+        self.superseding = Superseding(mode, worker_queue, http, root_url=root_url, by=by)
 
     async def _finish(self, claim: Claim, step: Callable[[], Awaitable[None]]) -> bool:
         """Run ``step`` with the claim locked, then mark the claim done. False if the run was
@@ -226,15 +256,18 @@ class Resolver:
                 claim.done = True
         return True
 
-    async def supersede(self, claim: Claim, primary: Claim) -> Resolution | None:
-        """End a secondary as superseded by ``primary`` (per ``mode``): how and why, or None
+    async def supersede(self, claim: Claim, primary: Claim, why: Why) -> Resolution | None:
+        """End a secondary as superseded by ``primary`` (per ``mode``, for the reason ``why``):
+        how and why, or None
         when the run was not ours any more (409) or could not even be released. When the queue
         will not take the resolution, the run is released so that it is not lost."""
         async with claim.lock:
             if claim.done:
                 return None
             try:
-                done = await self.superseding.supersede(claim, (primary.task_id, primary.run_id))
+                done = await self.superseding.supersede(
+                    claim, (primary.task_id, primary.run_id), why
+                )
             except (TaskclusterFailure, httpx.HTTPError) as exc:
                 status = http_status(exc)
                 if status == 409:

@@ -26,8 +26,9 @@ from typing import Any
 import aiohttp
 import httpx
 
-from coalescer.worker import superseder
+from coalescer.worker import notice, superseder
 from coalescer.worker.claims import Claim, Clock, Connection, Keeper, claim_listed, utcnow
+from coalescer.worker.notice import Why
 from coalescer.worker.protocol import (
     SUPERSEDES,
     Options,
@@ -35,7 +36,9 @@ from coalescer.worker.protocol import (
     Resolution,
     SupersederError,
     choose_primary,
+    query_url,
     secondary_fate,
+    superseder_url,
     supersedes_json,
 )
 from coalescer.worker.resolve import Resolver
@@ -130,7 +133,13 @@ class Shim:
         self.http = await self._stack.enter_async_context(httpx.AsyncClient())
         self.conn = Connection(self.root_url, session, self._max_retries)
         self.queue: Any = self.conn.queue(self._credentials)
-        self.resolver = Resolver(self.http, self.queue, self.options.supersede_as)
+        self.resolver = Resolver(
+            self.http,
+            self.queue,
+            self.options.supersede_as,
+            root_url=self.root_url,
+            by=f"worker {self.worker_group}/{self.worker_id}",
+        )
         #: Task ids held by any task set of this worker, so two sets never hold the same run.
         self.held: set[str] = set()
         return self
@@ -281,7 +290,7 @@ class Shim:
 
             async def one(claim: Claim) -> Resolution | None:
                 async with bound:
-                    return await self.resolver.supersede(claim, primary)
+                    return await self.resolver.supersede(claim, primary, self._why(taskset, claim))
 
             results = await asyncio.gather(*(one(c) for c in live))
             for claim, done in zip(live, results, strict=True):
@@ -295,6 +304,21 @@ class Shim:
         artifacts = [(SUPERSEDES, supersedes_json(report.superseded))] if report.superseded else []
         if not await self.resolver.resolve(primary, outcome, artifacts):
             report.aborted = "canceled"
+
+    def _why(self, taskset: TaskSet, claim: Claim) -> Why:
+        """Why ``claim`` is superseded, for its log: the superseder's answer and the order."""
+        url = superseder_url(taskset.initial.task)
+        asked = query_url(url, taskset.initial.task_id)
+        primary = taskset.primary.task_id
+        return Why(
+            rule=f"the superseder answered {asked} with {len(taskset.listed)} tasks of the same "
+            "coalescing key, oldest first; a worker runs the newest it can claim and supersedes "
+            "the older ones (any age/size thresholds are in that URL)",
+            order=notice.listed_order(taskset.listed, claim.task_id, primary),
+            service=notice.service_base(
+                url, list(taskset.initial.task.get("routes") or []), self.options.route_prefix
+            ),
+        )
 
     async def _release_into(self, report: Report, claims: Sequence[Claim]) -> None:
         results = await asyncio.gather(*(self.resolver.release(c) for c in claims))

@@ -84,7 +84,7 @@ class Loop:
         if response.status_code == 404:
             return None
         response.raise_for_status()
-        return orjson.loads(response.content)
+        return orjson.loads(response.content) if name.endswith(".json") else response.text
 
     def claim(self, task_id: str) -> dict[str, Any]:
         """A worker claims ``task_id``'s pending run (as claimWork would hand it out)."""

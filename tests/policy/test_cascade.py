@@ -63,7 +63,7 @@ async def test_leave_lets_the_queue_decide_for_dependents(loop: Loop) -> None:
 
 @pytest.mark.parametrize("legacy", [False])
 @pytest.mark.parametrize("cascade", ["leave"])
-async def test_on_a_current_queue_a_victim_with_dependents_is_canceled_not_completed(
+async def test_on_a_current_queue_every_victim_is_canceled_never_completed(
     loop: Loop,
 ) -> None:
     old, leaf = loop.create(), loop.create()
@@ -71,25 +71,25 @@ async def test_on_a_current_queue_a_victim_with_dependents_is_canceled_not_compl
     new = loop.create()
     await loop.feed()
     await loop.enforce()
-    # Completing it would have scheduled the child as if the old task had run.
-    assert (loop.last_run(old)["state"], loop.last_run(old)["reasonResolved"]) == (
-        "exception",
-        "canceled",
-    )
+    for victim in (old, leaf):
+        run = loop.last_run(victim)
+        assert (run["state"], run["reasonResolved"]) == ("exception", "canceled")
+        assert loop.artifact(victim, 0, "public/superseded-by.json") == {"taskId": new, "runId": 0}
+        log = loop.artifact(victim, 0, "public/logs/live_backing.log")
+        assert f"task {new} run 0 superseded it" in log
+        assert "Why: policy rule 'rule-1' on key k: latest-wins: newer task" in log
+        assert "Resolved by coalescer enforce (coalescer/enforcer)." in log
+    # Canceling resolves the task, not completes it: the child is never scheduled.
     assert loop.status(child)["state"] == "unscheduled"
-    assert loop.artifact(old, 0, "public/superseded-by.json") == {"taskId": new, "runId": 0}
-    assert loop.last_run(leaf)["state"] == "completed"
     async with loop.service() as http:
         canceled = (await http.get(f"/v1/tasks/{old}")).json()["supersededBy"]
-        completed = (await http.get(f"/v1/tasks/{leaf}")).json()["supersededBy"]
         page = (await http.get(f"/tasks/{old}", headers={"Accept": "text/html"})).text
     assert canceled["state"] == "superseded"
     assert canceled["resolution"] == {
         "as": "canceled",
-        "why": "1 dependent waits for it, and completing it would schedule them",
+        "why": "the queue rejects reason 'superseded'",
     }
-    assert completed["resolution"] == {"as": "completed", "why": "no dependent waits for it"}
-    assert "1 dependent waits for it" in page
+    assert "the queue rejects reason" in page
 
 
 @pytest.mark.parametrize("legacy", [False])

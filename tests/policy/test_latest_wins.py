@@ -78,7 +78,7 @@ async def test_enforcing_again_changes_nothing(loop: Loop) -> None:
 
 
 @pytest.mark.parametrize("legacy", [False])
-async def test_a_current_queue_gets_completed_victims_and_canceled_dependents(
+async def test_a_current_queue_gets_canceled_victims_and_canceled_dependents(
     loop: Loop,
 ) -> None:
     older = loop.create()
@@ -86,9 +86,10 @@ async def test_a_current_queue_gets_completed_victims_and_canceled_dependents(
     newest = loop.create()
     await loop.feed()
     await loop.enforce()
-    # `superseded` is refused by a current queue: `auto` resolves the victim completed, after
-    # canceling its dependent (cascade), so that the dependent is never scheduled.
-    assert loop.last_run(older)["state"] == "completed"
+    # `superseded` is refused by a current queue: `auto` cancels the victim, after canceling
+    # its dependent (cascade), so that the dependent is never scheduled.
+    run = loop.last_run(older)
+    assert (run["state"], run["reasonResolved"]) == ("exception", "canceled")
     assert loop.artifact(older, 0, "public/superseded-by.json")["taskId"] == newest
     assert loop.last_run(dependent)["reasonResolved"] == "canceled"
     assert not loop.em.messages("task-pending", dependent)

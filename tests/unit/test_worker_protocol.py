@@ -15,12 +15,13 @@ from coalescer.worker.protocol import (
     OnPrimaryFailure,
     Order,
     Outcome,
-    Resolution,
+    SupersedeAs,
     SupersederError,
     choose_primary,
     claimable_run,
     fallback,
     ineligibility,
+    mode_warning,
     parse_answer,
     query_url,
     reclaim_at,
@@ -177,14 +178,15 @@ def test_artifacts_have_the_documented_shape() -> None:
     assert view == [{"taskId": E, "runId": 0, "task": {"payload": {}}}]
 
 
-def test_a_superseded_task_is_completed_only_when_no_dependent_waits_for_it() -> None:
-    assert fallback(0, may_cancel=True) == Resolution("completed", "no dependent waits for it")
-    assert fallback(0, may_cancel=False).how == "completed"
-    assert fallback(2, may_cancel=True) == Resolution(
-        "canceled", "2 dependents wait for it, and completing it would schedule them"
-    )
-    assert fallback(None, may_cancel=True).how == "canceled"
-    released = fallback(1, may_cancel=False)
+def test_a_superseded_task_is_never_completed_unless_asked_by_name() -> None:
+    # A current queue rejects 'superseded': canceled, or given back to run itself.
+    canceled = fallback(may_cancel=True)
+    assert canceled.how == "canceled" and canceled.superseded
+    released = fallback(may_cancel=False)
     assert released.how == "released" and not released.superseded
-    assert "1 dependent waits for it" in released.why and "may not cancel" in released.why
-    assert "could not be listed" in fallback(None, may_cancel=False).why
+    assert "may not cancel" in released.why
+    # Only 'completed', asked for by name, reads as passed: a warning says so at start.
+    for mode in SupersedeAs:
+        warning = mode_warning(mode)
+        assert (warning is not None) == (mode is SupersedeAs.COMPLETED)
+    assert "passed" in (mode_warning(SupersedeAs.COMPLETED) or "")

@@ -229,12 +229,13 @@ async def test_an_execute_that_crashes_is_an_internal_error(
 @pytest.mark.parametrize(
     ("mode", "state", "reason", "how"),
     [
-        # No dependent waits for the old task: completing it schedules nothing.
-        (SupersedeAs.AUTO, "completed", "completed", "completed"),
-        (SupersedeAs.COMPLETED, "completed", "completed", "completed"),
+        # A current queue rejects 'superseded': canceled, never passed.
+        (SupersedeAs.AUTO, "exception", "canceled", "canceled"),
         (SupersedeAs.CANCELED, "exception", "canceled", "canceled"),
-        # A current queue rejects the reason: the task is given back rather than lost, and no
-        # artifact names a primary that did not supersede it.
+        # Asked for by name: reads as passed.
+        (SupersedeAs.COMPLETED, "completed", "completed", "completed"),
+        # The task is given back rather than lost, and no artifact names a primary that did
+        # not supersede it.
         (SupersedeAs.EXCEPTION_SUPERSEDED, "exception", "worker-shutdown", "released"),
     ],
 )
@@ -264,16 +265,24 @@ async def test_current_queue_modes(
     assert (run["state"], run["reasonResolved"]) == (state, reason)
     link = tasks.artifact(old, 0, "public/superseded-by.json")
     assert link == ({"taskId": new, "runId": 0} if superseded else None)
+    # Whatever became of it, the run's log says so, and names the task that ran instead.
+    text = tasks.artifact(old, 0, "public/logs/live_backing.log")
+    assert f"task {new} run 0" in text
+    assert ("will run again" in text) == (not superseded)
+    assert f"{queue_emulator.root_url}/tasks/{new}" in text
+    assert f"1st of 2 tasks listed oldest first; {new} is 2nd" in text
     assert tasks.last_run(new)["state"] == "completed"
 
 
 @pytest.mark.parametrize("legacy", [False])
-async def test_auto_never_completes_a_superseded_task_that_has_dependents(
+async def test_auto_cancels_superseded_tasks_whatever_depends_on_them(
     queue_emulator: QueueEmulator, options: Options, tasks: Tasks, superseder: Superseder
 ) -> None:
-    old, new = tasks.create(), tasks.create()
-    leaf = tasks.create()
-    dependent = tasks.create(url="", dependencies=[old], routes=[])
+    """Canceling resolves the task: an ``all-completed`` dependent is never scheduled, an
+    ``all-resolved`` one is (as after ``exception/superseded``)."""
+    old, leaf, new = tasks.create(), tasks.create(), tasks.create()
+    waits = tasks.create(url="", dependencies=[old], routes=[])
+    resolved = tasks.create(url="", dependencies=[old], requires="all-resolved", routes=[])
     superseder.lists["k"] = [old, leaf, new]
     async with make_shim(queue_emulator, options) as shim:
         execute = Held()
@@ -281,17 +290,19 @@ async def test_auto_never_completes_a_superseded_task_that_has_dependents(
         report = await (await start(shim, execute))
 
     assert report.superseded == [(old, 0), (leaf, 0)]
-    assert report.resolutions[(old, 0)].how == "canceled"
-    assert "1 dependent waits for it" in report.resolutions[(old, 0)].why
-    assert (tasks.last_run(old)["state"], tasks.last_run(old)["reasonResolved"]) == (
-        "exception",
-        "canceled",
-    )
-    assert tasks.artifact(old, 0, "public/superseded-by.json") == {"taskId": new, "runId": 0}
-    assert tasks.status(dependent)["state"] == "unscheduled"
-    # Nothing depends on the other one: completed, as before.
-    assert report.resolutions[(leaf, 0)].how == "completed"
-    assert tasks.last_run(leaf)["state"] == "completed"
+    for task_id in (old, leaf):
+        assert report.resolutions[(task_id, 0)].how == "canceled"
+        run = tasks.last_run(task_id)
+        assert (run["state"], run["reasonResolved"]) == ("exception", "canceled")
+        assert tasks.artifact(task_id, 0, "public/superseded-by.json") == {
+            "taskId": new,
+            "runId": 0,
+        }
+        assert "Resolved exception/canceled" in tasks.artifact(
+            task_id, 0, "public/logs/live_backing.log"
+        )
+    assert tasks.status(waits)["state"] == "unscheduled"
+    assert tasks.status(resolved)["state"] == "pending"
 
 
 async def test_legacy_queue_accepts_superseded_in_auto_mode(
@@ -307,12 +318,10 @@ async def test_legacy_queue_accepts_superseded_in_auto_mode(
 
 
 @pytest.mark.parametrize("legacy", [False])
-async def test_auto_releases_a_task_with_dependents_it_may_not_cancel(
+async def test_auto_releases_superseded_tasks_it_may_not_cancel(
     queue_emulator: QueueEmulator, options: Options, tasks: Tasks, superseder: Superseder
 ) -> None:
     old, older, new = tasks.create(), tasks.create(), tasks.create()
-    for parent in (old, older):
-        tasks.create(url="", dependencies=[parent], routes=[])
     superseder.lists["k"] = [older, old, new]
     async with make_shim(queue_emulator, options) as shim:
         worker_queue = NoCancelScope(shim.queue)
@@ -329,6 +338,8 @@ async def test_auto_releases_a_task_with_dependents_it_may_not_cancel(
             assert tasks.status(task_id)["runs"][0]["reasonResolved"] == "worker-shutdown"
             assert tasks.status(task_id)["runs"][1]["state"] == "pending"  # it runs itself
             assert tasks.artifact(task_id, 0, "public/superseded-by.json") is None
+            text = tasks.artifact(task_id, 0, "public/logs/live_backing.log")
+            assert "will run again" in text and "may not cancel" in text
 
         # Known now: such tasks could only be released again, each time costing a retry. The
         # next worker runs its task itself and claims neither the other nor anything newer.

@@ -123,8 +123,9 @@ async def test_the_live_log_is_followed_through_the_queue_then_refers_to_its_bac
             assert (await http.get(live["url"])).status_code == 404
             guessed = live["url"].rsplit("/", 1)[0] + "/" + secrets.token_urlsafe(32)
             assert (await http.get(guessed)).status_code == 404
-        # The superseded task never ran: no log, as before.
-        assert artifacts(tasks, old) == {"public/superseded-by.json": "s3"}
+        # The superseded task never ran: no live log, only a backing log that says so.
+        assert artifacts(tasks, old) == {"public/superseded-by.json": "s3", BACKING: "s3"}
+        assert f"task {new} run 0 superseded it" in tasks.artifact(old, 0, BACKING)
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(15):
             _, stderr = await proc.communicate()

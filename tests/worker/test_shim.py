@@ -164,7 +164,7 @@ async def test_a_task_alone_on_its_key_runs_without_artifacts(
 
 
 @pytest.mark.parametrize("legacy", [False])
-async def test_current_queue_resolves_superseded_tasks_completed_by_default(
+async def test_current_queue_cancels_superseded_tasks_by_default(
     shim: Shim, tasks: Tasks, superseder: Superseder
 ) -> None:
     old, new = tasks.create(), tasks.create()
@@ -172,7 +172,8 @@ async def test_current_queue_resolves_superseded_tasks_completed_by_default(
     [work] = await claim_work(shim)
     report = await shim.run(work, Recorder())
     assert report.superseded == [(old, 0)]
-    assert tasks.last_run(old)["state"] == "completed"
+    run = tasks.last_run(old)
+    assert (run["state"], run["reasonResolved"]) == ("exception", "canceled")
     assert tasks.artifact(old, 0, "public/superseded-by.json") == {"taskId": new, "runId": 0}
 
 

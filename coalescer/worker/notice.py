@@ -1,0 +1,111 @@
+"""What a superseded run tells the people who open it. Pure: text from plain data.
+
+A superseded run never ran its command, so it has no log of its own. The Taskcluster UI and
+Treeherder open ``public/logs/live_backing.log`` first; a superseded (or released) run gets a
+short one there (:func:`render`) saying which task superseded it, where that task sits in the
+key's order, where to see both, and which rule decided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from urllib.parse import urlsplit, urlunsplit
+
+from coalescer.model import keys_from_routes
+
+#: The run's log as the Taskcluster UI and Treeherder look for it.
+LOG = "public/logs/live_backing.log"
+TEXT = "text/plain; charset=utf-8"
+#: How a resolution reads in the queue's terms (state/reason).
+_STATES = {"canceled": "exception/canceled"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Why:
+    """Why a run was superseded, as the side that superseded it knows it.
+
+    ``rule``: what decided (the superseder's answer, a policy rule's reason); ``order``: where
+    the run and its primary sit in the key's order, when known; ``service``: the superseder
+    service's base URL, for a link to the task's page there.
+    """
+
+    rule: str
+    order: str | None = None
+    service: str | None = None
+
+
+def ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ``11th``, ``22nd``..."""
+    if 10 <= n % 100 <= 20:
+        return f"{n}th"
+    return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
+
+
+def listed_order(listed: list[str], task_id: str, primary: str) -> str | None:
+    """Where ``task_id`` and ``primary`` sit in the superseder's list (oldest first)."""
+    if task_id not in listed or primary not in listed:
+        return None
+    return (
+        f"{ordinal(listed.index(task_id) + 1)} of {len(listed)} tasks listed oldest first; "
+        f"{primary} is {ordinal(listed.index(primary) + 1)}, the newest this worker could claim"
+    )
+
+
+def service_base(url: str, routes: list[str], prefix: str) -> str | None:
+    """The superseder service's base URL, from a ``supersederUrl`` that names one of the
+    task's keys (``<base>/<key path>``, ``<base>/v1/docker-worker/<key>``,
+    ``<base>/v1/list/<age>/<size>/<key>``); None when the URL names none of them."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    for key in keys_from_routes(routes, prefix):
+        for tail in (key.replace(".", "/"), key):
+            if not path.endswith("/" + tail):
+                continue
+            base = path[: -len(tail) - 1]
+            for compat in ("/v1/docker-worker", "/v1/list"):
+                if compat in base:
+                    base = base[: base.index(compat)]
+            return urlunsplit((parts.scheme, parts.netloc, base, "", "")).rstrip("/")
+    return None
+
+
+def render(
+    task_id: str,
+    run_id: int,
+    primary: tuple[str, int],
+    how: str,
+    reason: str,
+    why: Why,
+    *,
+    root_url: str | None,
+    by: str,
+) -> bytes:
+    """The ``live_backing.log`` of run ``run_id`` of ``task_id``, superseded by ``primary``
+    (``how`` it was ended and the ``reason`` for that resolution) or released (``how`` is
+    ``released``: it runs again). ``by`` names who resolved it (worker or enforcer)."""
+    p_task, p_run = primary
+    released = how == "released"
+    lines = (
+        [
+            f"This run did not run its command: it was given back to the queue and the task "
+            f"will run again ({reason}).",
+            f"It would have been superseded by task {p_task} run {p_run}.",
+        ]
+        if released
+        else [
+            f"This run did not run its command: task {p_task} run {p_run} superseded it, and "
+            "that task's result stands for this one.",
+            f"Resolved {_STATES.get(how, how)}: {reason}.",
+            "Resolved this way, the run never reads as a success: look at the superseding "
+            "task's result.",
+        ]
+    )
+    lines.append(f"Why: {why.rule}")
+    if why.order:
+        lines.append(f"Order: this task is {why.order}.")
+    if root_url:
+        lines.append(f"Superseding task: {root_url.rstrip('/')}/tasks/{p_task}")
+    if why.service:
+        lines.append(f"This task on the superseder: {why.service}/tasks/{task_id}")
+    lines.append(f"Resolved by {by}.")
+    return "".join(f"[coalescer] {line}\n" for line in lines).encode()

@@ -83,8 +83,9 @@ def report(state: QueueState, task_id: str, run_id: int, target: str, now: datet
     task = state.task(task_id)
     run = task.run(run_id)
     if run_id == len(task.runs) - 1 and run.state == target:
-        # An idempotent repeat; the queue resends the message (at-least-once delivery).
-        return {"status": task.status()}, [msg.task_resolved(task, run)]
+        # An idempotent repeat; the queue resends the message (at-least-once delivery) and
+        # hands the resolution to its dependency resolver again.
+        return {"status": task.status()}, state.resolved(task, run, now)
     _require_running(task, run)
     state.resolve(run, target, target, now)
     return {"status": task.status()}, state.resolved(task, run, now)
@@ -104,6 +105,8 @@ def report_exception(
             if following.state != "pending" or following.reason_created not in RETRIED.values():
                 return {"status": task.status()}, []
             out.append(msg.task_pending(task, following))
+        else:
+            state.hand_to_resolver(task)  # resolved, not retried: as after the first call
         return {"status": task.status()}, out
     _require_running(task, run)
     state.resolve(run, "exception", reason, now)

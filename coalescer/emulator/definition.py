@@ -1,10 +1,14 @@
 """createTask's input, completed and checked as the real queue does before storing it.
 
 The request has already passed ``create-task-request.json``, which filled in its defaults (so
-``queue.task`` returns a full ``task.json``); this adds ``taskGroupId`` (the taskId), derives
-``taskQueueId`` from ``provisionerId``/``workerType`` or the reverse, and applies the queue's time
-rules. Dates are rewritten in one canonical form so that an idempotent retry with differently
-written dates still compares equal.
+``queue.task`` returns a full ``task.json``); this derives ``taskQueueId`` from
+``provisionerId``/``workerType`` or the reverse, adds ``taskGroupId`` (the taskId) and
+``expires``, and applies the queue's time rules. Dates are rewritten in one canonical form so
+that an idempotent retry with differently written dates still compares equal.
+
+The real queue completes the request object itself, step by step, and its error replies echo
+that object as ``requestInfo.payload``; so does :func:`complete`, so that an error (a 409 for a
+taskId already used, say) shows the request as completed up to the step that refused it.
 """
 
 from __future__ import annotations
@@ -52,11 +56,12 @@ def _split_queue(definition: dict[str, Any]) -> None:
         )
 
 
-def normalize(task_id: str, request: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """The task definition the queue would store for ``request``, or InputError."""
-    definition = copy.deepcopy(request)
-    definition.setdefault("taskGroupId", task_id)
-    _split_queue(definition)
+def complete(task_id: str, request: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The task definition the queue would store for ``request``, or InputError; ``request``
+    itself is completed in place, in the real queue's order (see the module docstring)."""
+    _split_queue(request)
+    request.setdefault("taskGroupId", task_id)
+    definition = request
 
     created = parse_time(definition["created"])
     deadline = parse_time(definition["deadline"])
@@ -72,15 +77,13 @@ def normalize(task_id: str, request: dict[str, Any], now: datetime) -> dict[str,
         raise QueueError("InputError", "Deadline cannot be in the past")
     if deadline - now > MAX_DEADLINE + DRIFT:
         raise QueueError("InputError", "Deadline cannot be more than 5 days into the future")
-    expires = (
-        parse_time(definition["expires"]) if "expires" in definition else _one_year_later(deadline)
-    )
+    definition.setdefault("expires", format_time(_one_year_later(deadline)))
+    expires = parse_time(definition["expires"])
     if deadline > expires:
         raise QueueError("InputError", "Expires cannot be before the deadline")
-    if any(scope.endswith("**") for scope in definition["scopes"]):
-        raise QueueError("InputError", "scopes must not end with `**`")
-
     definition["created"] = format_time(created)
     definition["deadline"] = format_time(deadline)
     definition["expires"] = format_time(expires)
-    return definition
+    if any(scope.endswith("**") for scope in definition["scopes"]):
+        raise QueueError("InputError", "scopes must not end with `**`")
+    return copy.deepcopy(definition)

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 from coalescer import __version__
 from coalescer.emulator import artifacts, claims, groups, listings
 from coalescer.emulator.app import JSON, Call, Handler
-from coalescer.emulator.collation import sort_key
 from coalescer.emulator.model import Artifact, QueueError, Task
 from coalescer.emulator.state import QueueState
 
@@ -57,12 +56,14 @@ async def status(call: Call) -> Any:
 
 def _bulk(call: Call, field: str, describe: Any) -> Any:
     """``tasks`` and ``statuses``: one entry per requested task that exists, as the real queue's
-    database answers: unknown and repeated ids left out, in taskId order (its collation), not
-    the request's; paged like the other listings."""
+    database answers: unknown and repeated ids left out, in the order the tasks were created,
+    neither the request's nor taskId order (its query has no ``ORDER BY``: it answers in the
+    order its ``tasks`` table holds the rows); paged like the other listings."""
 
     def query() -> dict[str, Any]:
-        wanted = sorted(set(call.body.get("taskIds", [])), key=sort_key)
+        wanted = set(call.body.get("taskIds", []))
         found = [call.state.tasks[t] for t in wanted if t in call.state.tasks]
+        found.sort(key=lambda task: task.seq)
         page, token = _page(found, call.request.query_params)
         out: dict[str, Any] = {field: [{"taskId": t.task_id, **describe(t)} for t in page]}
         if token:

@@ -41,8 +41,9 @@ def cancel_task_group(state: QueueState, task_group_id: str, now: datetime) -> O
 
     Every task is resolved before any message is composed, as the real queue cancels the whole
     group in one statement: a dependent in the group is canceled, not made pending by a
-    dependency canceled before it. Each canceled task's resolution later gives a
-    ``task-group-resolved``, as for any resolution (see :meth:`QueueState.resolve_dependencies`).
+    dependency canceled before it. The dependency resolver later handles each canceled task's
+    resolution as any other (see :meth:`QueueState.resolve_dependencies`): the group is found
+    resolved once the last of them is marked ever-resolved.
     """
     group = state.groups.get(task_group_id)
     if group.sealed is None:

@@ -124,8 +124,13 @@ class Task:
     deadline: datetime
     expires: datetime
     retries_left: int
+    #: Creation order: the order in which the real queue's ``tasks`` table holds the tasks.
+    seq: int = 0
     runs: list[Run] = dataclasses.field(default_factory=list)
     artifacts: dict[tuple[int, str], Artifact] = dataclasses.field(default_factory=dict)
+    #: The real queue's ``ever_resolved`` mark: set once the dependency resolver has handled a
+    #: resolution of the task, and never cleared (not even by a rerun).
+    ever_resolved: bool = False
 
     @property
     def state(self) -> str:
@@ -198,6 +203,9 @@ class TaskGroup:
     sealed: datetime | None = None
     #: the taskIds of the tasks in the group that still exist (a dict as an ordered set)
     members: dict[str, None] = dataclasses.field(default_factory=dict)
+    #: how many of them are not yet :attr:`Task.ever_resolved`: the group is "active" (the real
+    #: queue's ``is_task_group_active``) while this is above zero
+    never_resolved: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """``task-group-response.json``."""

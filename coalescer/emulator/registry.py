@@ -37,12 +37,12 @@ class TaskGroups:
         return self._groups.get(task_group_id)
 
     def check_joinable(self, definition: dict[str, Any]) -> None:
-        """RequestConflict when a task with this (normalized) definition cannot join its group:
-        the group holds another scheduler's tasks, or is sealed.
+        """RequestConflict, worded as the real queue's, when a task with this (completed)
+        definition cannot join its group: the group holds another scheduler's tasks, or is
+        sealed.
 
         The real queue ensures the group before it looks for an existing task, so this refuses
-        an identical retry of createTask into a sealed group too (most plausibly: the
-        documentation does not say)."""
+        an identical retry of createTask into a sealed group too."""
         group_id, scheduler_id = definition["taskGroupId"], definition["schedulerId"]
         group = self._groups.get(group_id)
         if group is None:
@@ -50,15 +50,16 @@ class TaskGroups:
         if group.scheduler_id != scheduler_id:
             raise QueueError(
                 "RequestConflict",
-                f"Task group `{group_id}` contains tasks with schedulerId "
-                f"`{group.scheduler_id}`, not `{scheduler_id}`: all tasks of a task group must "
-                "have the same schedulerId.",
+                f"Task group `{group_id}` contains tasks with a schedulerId other\n"
+                f"than `{scheduler_id}`. All tasks in the same task-group must have\n"
+                "the same schedulerId.",
                 taskGroupId=group_id,
+                schedulerId=scheduler_id,
             )
         if group.sealed is not None:
             raise QueueError(
                 "RequestConflict",
-                f"Task group `{group_id}` is sealed: no more tasks can be created in it.",
+                f"Task group `{group_id}` is sealed and does not accept new tasks.",
                 taskGroupId=group_id,
             )
 
@@ -73,12 +74,26 @@ class TaskGroups:
         # queue may add a margin (undocumented); the emulator adds none.
         group.expires = max(group.expires, task.expires)
         group.members[task.task_id] = None
+        group.never_resolved += 1
+
+    def mark_ever_resolved(self, task: Task) -> None:
+        """Set the task's ``ever_resolved`` mark (once and for all), as the real queue's
+        dependency resolver does for every resolution it handles."""
+        if task.ever_resolved:
+            return
+        task.ever_resolved = True
+        group = self._groups.get(task.task_group_id)
+        if group is not None and task.task_id in group.members:
+            group.never_resolved -= 1
 
     def leave(self, task: Task) -> None:
         """Forget an expired task."""
         group = self._groups.get(task.task_group_id)
-        if group is not None:
-            group.members.pop(task.task_id, None)
+        if group is None or task.task_id not in group.members:
+            return
+        del group.members[task.task_id]
+        if not task.ever_resolved:
+            group.never_resolved -= 1
 
     def expire(self, now: datetime) -> None:
         """Forget the groups whose ``expires`` has passed: by then all their tasks are gone."""

@@ -11,8 +11,9 @@ Where the real queue and its documentation differ, the real queue wins: when a r
 for the old run comes first, then ``task-pending`` for the new one; a deadline is acted on
 ``deadline_delay`` after it passes, as the queue's deadline resolver does; and a resolution's
 consequences come later, when the background dependency resolver works through the resolutions
-(:meth:`QueueState.resolve_dependencies`): the dependents it unblocks become pending, then
-``task-group-resolved`` is published if the group is still fully resolved.
+(:meth:`QueueState.resolve_dependencies`): the dependents it unblocks become pending, the task
+is marked ever-resolved, then ``task-group-resolved`` is published if no task of the group is
+left that was never resolved.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 from coalescer.emulator import artifacts, credentials
 from coalescer.emulator import messages as msg
 from coalescer.emulator.clock import parse_time
-from coalescer.emulator.definition import normalize
+from coalescer.emulator.collation import sort_key
+from coalescer.emulator.definition import complete
 from coalescer.emulator.messages import Message
 from coalescer.emulator.model import RESOLVED, QueueError, Run, Task
 from coalescer.emulator.registry import TaskGroups
@@ -88,9 +90,13 @@ class QueueState:
             ) from None
 
     def dependents(self, task_id: str) -> list[Task]:
-        """Tasks that list ``task_id`` in their dependencies, oldest first."""
+        """Tasks that list ``task_id`` in their dependencies, by taskId in the database's
+        collation, the order in which the real queue lists (and resolves) them."""
         self.task(task_id)
-        return [self.tasks[t] for t in self._dependents.get(task_id, []) if t in self.tasks]
+        return [self.tasks[t] for t in self._dependent_ids(task_id) if t in self.tasks]
+
+    def _dependent_ids(self, task_id: str) -> list[str]:
+        return sorted(self._dependents.get(task_id, []), key=sort_key)
 
     def check_credentials(
         self, client_id: str, scope: str, task_id: str, run_id: int, now: datetime
@@ -104,7 +110,7 @@ class QueueState:
     def create_task(self, task_id: str, request: dict[str, Any], now: datetime) -> Outcome:
         """createTask: unscheduled until its dependencies allow, else pending at once.
         Idempotent for the same definition; RequestConflict for another."""
-        definition = normalize(task_id, request, now)
+        definition = complete(task_id, request, now)
         self.groups.check_joinable(definition)
         existing = self.tasks.get(task_id)
         if existing is not None:
@@ -131,6 +137,7 @@ class QueueState:
             deadline=parse_time(definition["deadline"]),
             expires=parse_time(definition["expires"]),
             retries_left=definition["retries"],
+            seq=next(self._seq),
         )
         missing = [d for d in task.dependencies if d != task_id and d not in self.tasks]
         if missing:
@@ -185,8 +192,9 @@ class QueueState:
             return {"status": task.status()}, self.resolved(task, run, now)
         last = task.runs[-1]
         if last.state == "exception" and last.reason_resolved == "canceled":
-            # Canceled again: the real queue publishes its task-exception once more.
-            return {"status": task.status()}, [msg.task_resolved(task, last)]
+            # Canceled again: the real queue publishes its task-exception once more, and hands
+            # the resolution to its dependency resolver again.
+            return {"status": task.status()}, self.resolved(task, last, now)
         return {"status": task.status()}, []
 
     def cancel_run(self, task: Task, now: datetime) -> Run | None:
@@ -322,15 +330,24 @@ class QueueState:
     def resolve_dependencies(self, now: datetime) -> list[Message]:
         """The dependency resolver's pass over the resolutions since its last one. For each, in
         order, as the real queue's resolver does: the dependents it was the last requirement of
-        become pending (unless already scheduled, or past their deadline), then
-        ``task-group-resolved`` is published if its group (still there) has no unresolved task
-        at this point. The real resolver runs apart from the API, so a task created into the
-        group or rerun in the meantime means no message, and a dependent canceled in the
-        meantime is not scheduled."""
+        become pending (unless already scheduled, or past their deadline), in taskId collation
+        order; the task is marked ever-resolved (:attr:`Task.ever_resolved`, for good); then
+        ``task-group-resolved`` is published if its group (still there) has no task left that
+        was never resolved.
+
+        So a group is resolved again by every later resolution of any of its tasks (a rerun
+        resolved, a canceled task canceled again, an idempotent report repeated) until a new
+        task joins it, even while another of its tasks is pending again after a rerun; and tasks
+        of a group resolved together for the first time (``cancelTaskGroup``) give one message,
+        for the last of them handled. The real resolver handles up to 32 resolutions at a time concurrently,
+        so there a few of those may each find the group resolved (measured: 2 messages for 5
+        tasks canceled at once, 1 for 25); the emulator handles them one after another. The real
+        resolver runs apart from the API, so a task created into the group in the meantime means
+        no message, and a dependent canceled in the meantime is not scheduled."""
         due, self._resolutions = self._resolutions, []
         out = []
         for task_id, group_id, state in due:
-            for dependent_id in self._dependents.get(task_id, []):
+            for dependent_id in self._dependent_ids(task_id):
                 dependent = self.tasks.get(dependent_id)
                 blocked = self._blocked.get(dependent_id)
                 if dependent is None or blocked is None or task_id not in blocked:
@@ -344,8 +361,11 @@ class QueueState:
                 if dependent.state == "unscheduled" and now < dependent.deadline:
                     run = self.new_run(dependent, "scheduled", now)
                     out.append(msg.task_pending(dependent, run))
+            resolved = self.tasks.get(task_id)
+            if resolved is not None:
+                self.groups.mark_ever_resolved(resolved)
             group = self.groups.find(group_id)
-            if group is not None and all(self.tasks[t].resolved for t in group.members):
+            if group is not None and group.never_resolved == 0:
                 out.append(msg.task_group_resolved(group))
         return out
 
@@ -388,8 +408,13 @@ class QueueState:
         """The message for a task that just resolved. The resolution waits for the dependency
         resolver, which schedules the dependents it unblocks and may publish
         ``task-group-resolved`` (see :meth:`resolve_dependencies`), as the real queue's does."""
-        self._resolutions.append((task.task_id, task.task_group_id, task.state))
+        self.hand_to_resolver(task)
         return [msg.task_resolved(task, run, with_worker=with_worker)]
+
+    def hand_to_resolver(self, task: Task) -> None:
+        """Queue the resolved task's resolution for the dependency resolver. The real queue does
+        this on every call that finds the task resolved as asked, an idempotent repeat too."""
+        self._resolutions.append((task.task_id, task.task_group_id, task.state))
 
     def issue(self, task: Task, run: Run, now: datetime) -> dict[str, str]:
         """New temporary credentials for the claimed ``run``, remembered for later checks."""

@@ -1,7 +1,7 @@
 """Where the current queue's behaviour is not what its documentation suggests, the emulator does
 what the queue does: the task-defined status, when dependents are scheduled and task-group-resolved
-is published, the order of a task group's listing, the payload echoed in an error, and when a
-deadline is acted on.
+is published (and published again), the order of a task group's listing and of a task's
+dependents, the payload echoed in an error, and when a deadline is acted on.
 
 The background work (claim expiry, deadlines, the dependency resolver) runs here only when the
 test advances the clock, so what happens between two background passes is deterministic.
@@ -228,3 +228,133 @@ def test_a_dependent_the_resolver_schedules_keeps_its_group_unresolved(
     background(em)
     assert queue.status(second)["status"]["state"] == "pending"
     assert group_resolved(em, group) == []  # the dependent was scheduled before the check
+
+
+def test_a_resolved_group_is_resolved_again_whenever_one_of_its_tasks_resolves_again(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    group = taskcluster.slugid.nice()
+    first, second = em.create_task(taskGroupId=group), em.create_task(taskGroupId=group)
+    _resolve(em, queue, first, "completed")
+    background(em)
+    assert group_resolved(em, group) == []
+    _resolve(em, queue, second, "completed")
+    background(em)
+    assert len(group_resolved(em, group)) == 1
+
+    # Both rerun: the group is resolved again by each of them resolving, even while the other is
+    # pending, as its tasks were all resolved once (the queue's "ever resolved" mark stays).
+    queue.rerunTask(first)
+    queue.rerunTask(second)
+    queue.cancelTask(first)
+    background(em)
+    assert len(group_resolved(em, group)) == 2
+    assert queue.status(second)["status"]["state"] == "pending"
+    worker = as_worker(em, claim_one(em, queue, second))
+    worker.reportCompleted(second, 1)
+    background(em)
+    assert len(group_resolved(em, group)) == 3
+
+    # A new task is never resolved yet: until it is, no message.
+    third = em.create_task(taskGroupId=group)
+    queue.rerunTask(first)
+    queue.cancelTask(first)
+    background(em)
+    assert len(group_resolved(em, group)) == 3
+    queue.cancelTask(third)
+    background(em)
+    assert len(group_resolved(em, group)) == 4
+
+
+def test_a_repeated_call_that_finds_a_task_resolved_resolves_its_group_again(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    # The real queue hands the resolution to its dependency resolver again whenever a call finds
+    # the task resolved as asked: canceling a canceled task, repeating reportCompleted.
+    group = taskcluster.slugid.nice()
+    canceled, completed = em.create_task(taskGroupId=group), em.create_task(taskGroupId=group)
+    queue.cancelTask(canceled)
+    background(em)
+    worker = as_worker(em, claim_one(em, queue, completed))
+    worker.reportCompleted(completed, 0)
+    background(em)
+    assert len(group_resolved(em, group)) == 1
+    queue.cancelTask(canceled)
+    background(em)
+    assert len(group_resolved(em, group)) == 2
+    worker.reportCompleted(completed, 0)
+    background(em)
+    assert len(group_resolved(em, group)) == 3
+    assert kinds(em, completed).count("task-completed") == 2
+
+
+@pytest.mark.parametrize("size", [5, 25])
+def test_tasks_of_a_group_canceled_at_once_resolve_it_once(
+    em: QueueEmulator, queue: CheckedQueue, size: int
+) -> None:
+    # Measured on the real queue: 2 messages for 5 tasks canceled at once, 1 for 25 (its
+    # resolver handles a batch of resolutions concurrently, so two of a small batch can both find
+    # the group resolved); one message per task is what it never does.
+    group = taskcluster.slugid.nice()
+    members = [em.create_task(taskGroupId=group) for _ in range(size)]
+    queue.sealTaskGroup(group)
+    assert queue.cancelTaskGroup(group)["cancelledCount"] == size
+    background(em)
+    [message] = group_resolved(em, group)
+    last = max(em.published.index(em.messages("task-exception", t)[0]) for t in members)
+    assert em.published.index(message) > last
+
+
+def test_list_dependent_tasks_sorts_task_ids_as_the_database_collation_does(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    required = em.create_task()
+    # Created in this order; by code point they would be -, A, _, a, b.
+    ids = [
+        "baaaaaaaQaaaaaaaaaaaaA",
+        "AAAAAAAAQAaAAAAAAAAAAA",
+        "aaaaaaaaQaaaaaaaaaaaaA",
+        "-aaaaaaaQaaaaaaaaaaaaA",
+        "_aaaaaaaQaaaaaaaaaaaaA",
+    ]
+    for task_id in ids:
+        queue.createTask(task_id, em.task_definition(dependencies=[required]))
+    collated = [ids[4], ids[3], ids[2], ids[1], ids[0]]
+    listed = queue.listDependentTasks(required)["tasks"]
+    assert [t["status"]["taskId"] for t in listed] == collated
+    first = queue.listDependentTasks(required, query={"limit": 3})
+    token = first["continuationToken"]
+    rest = queue.listDependentTasks(required, query={"limit": 3, "continuationToken": token})
+    assert [t["status"]["taskId"] for t in first["tasks"] + rest["tasks"]] == collated
+    # The dependency resolver goes through them in the same order.
+    _resolve(em, queue, required, "completed")
+    background(em)
+    pending = [m["payload"]["status"]["taskId"] for m in em.messages("task-pending")]
+    assert pending[-5:] == collated
+
+
+def test_a_conflicting_create_task_echoes_the_request_as_the_queue_completed_it(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    task_id = taskcluster.slugid.nice()
+    first = em.task_definition()
+    queue.createTask(task_id, first)
+    other = {**first, "priority": "high"}
+    assert not {"taskGroupId", "provisionerId", "workerType", "expires"} & set(other)
+    with pytest.raises(TaskclusterRestFailure) as conflict:
+        queue.createTask(task_id, other)
+    assert conflict.value.status_code == 409
+    body = conflict.value.body
+    assert body["code"] == "RequestConflict"
+    assert body["message"].startswith(
+        f"taskId `{task_id}` already used by another task.\n"
+        "This could be the result of faulty idempotency!\n\n---\n"
+    )
+    echoed = body["requestInfo"]["payload"]
+    # taskQueueId split, taskGroupId defaulted to the taskId, expires defaulted to a year after
+    # the deadline, as the real queue completes the request before it finds the taskId taken.
+    stored = queue.task(task_id)
+    assert (echoed["provisionerId"], echoed["workerType"]) == ("emulator-test", "worker")
+    assert echoed["taskGroupId"] == task_id
+    assert echoed["expires"] == stored["expires"]
+    assert echoed == {**stored, "priority": "high"}

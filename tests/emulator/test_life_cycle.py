@@ -351,13 +351,14 @@ def test_rerun_task_is_refused_past_the_deadline(em: QueueEmulator, queue: Check
 def test_tasks_and_statuses_answer_many_tasks_at_once_leaving_out_unknown_ones(
     em: QueueEmulator, queue: CheckedQueue
 ) -> None:
-    # taskIds that sort differently by code point and by the database's collation
+    # Created in an order that is neither taskId order (by code point or by the database's
+    # collation) nor the request's.
     ids = ["aaaaaaaaQaaaaaaaaaaaaA", "AAAAAAAAQAaAAAAAAAAAAA", "baaaaaaaQaaaaaaaaaaaaA"]
     ids += ["-aaaaaaaQaaaaaaaaaaaaA", "_aaaaaaaQaaaaaaaaaaaaA"]
     routes = {t: [f"coalesce.v1.k{i}"] for i, t in enumerate(ids)}
     for task_id in ids:
         queue.createTask(task_id, em.task_definition(routes=routes[task_id]))
-    created = [ids[4], ids[3], ids[0], ids[1], ids[2]]  # the real queue's order: by taskId
+    created = ids  # the real queue's order: its table's, the order the tasks were created in
     unknown = taskcluster.slugid.nice()
     # Unknown and repeated ids are left out; the request's order is not kept.
     asked = {"taskIds": [ids[2], unknown, ids[0], *ids, ids[1]]}

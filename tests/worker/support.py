@@ -164,10 +164,13 @@ class DockerWorkerRules:
     """docker-worker's superseding, unmodified (the only worker that ever shipped it): the URL
     by string concatenation, 5 s timeout, any error or a list without its own task → alone;
     claims every other listed task's run 0 in parallel, keeps the list order of the claims that
-    succeeded, runs ``claims[0]`` and resolves the others exception/``superseded`` after
-    uploading ``public/superseded-by.json``. Returns ``(primary, secondaries)`` taskIds. A
-    queue that refuses ``superseded`` (Taskcluster v40 and later) leaves the secondary claimed:
-    ``refused`` maps it to the queue's HTTP status."""
+    succeeded, runs ``claims[0]``; then, before reporting it completed, resolves the others in
+    parallel, each by ``reportException`` with ``superseded`` and, once that succeeded, uploading
+    ``public/superseded-by.json``, and uploads the primary's ``public/supersedes.json`` listing
+    them. Returns ``(primary, secondaries)`` taskIds. A queue that refuses ``superseded``
+    (Taskcluster v40 and later) leaves the secondary claimed and without the artifact:
+    ``refused`` maps it to the queue's HTTP status. (docker-worker only logs a failed upload;
+    here it fails the test.)"""
 
     queues: AioQueues
     worker_group: str = "dw"
@@ -187,31 +190,43 @@ class DockerWorkerRules:
 
     async def run(self, claim: dict[str, Any]) -> tuple[str, list[str]]:
         claims = await self._superseding(claim)
-        async with httpx.AsyncClient() as http:
-            for secondary in claims[1:]:
-                queue = self.queues.aio_queue(secondary["credentials"])
-                task_id, run_id = secondary["status"]["taskId"], str(secondary["runId"])
-                created = await queue.createArtifact(
-                    task_id,
-                    run_id,
-                    "public/superseded-by.json",
-                    {
-                        "storageType": "s3",
-                        "expires": secondary["task"]["expires"],
-                        "contentType": "application/json",
-                    },
-                )
-                body = {"taskId": claims[0]["status"]["taskId"], "runId": claims[0]["runId"]}
-                response = await http.put(created["putUrl"], json=body)
-                response.raise_for_status()
-                try:
-                    await queue.reportException(task_id, run_id, {"reason": "superseded"})
-                except TaskclusterRestFailure as exc:
-                    self.refused[task_id] = exc.status_code or 0
         primary = claims[0]
-        queue = self.queues.aio_queue(primary["credentials"])
+        by = {"taskId": primary["status"]["taskId"], "runId": primary["runId"]}
+        async with httpx.AsyncClient() as http:
+            resolved = await asyncio.gather(*(self._supersede(http, c, by) for c in claims[1:]))
+            superseded = [r for r in resolved if r is not None]
+            queue = self.queues.aio_queue(primary["credentials"])
+            if superseded:
+                await self._upload(http, queue, primary, "public/supersedes.json", superseded)
         await queue.reportCompleted(primary["status"]["taskId"], str(primary["runId"]))
         return primary["status"]["taskId"], [c["status"]["taskId"] for c in claims[1:]]
+
+    async def _supersede(
+        self, http: httpx.AsyncClient, secondary: dict[str, Any], by: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Report first, then upload, as docker-worker's ``resolveSuperseded`` does."""
+        queue = self.queues.aio_queue(secondary["credentials"])
+        task_id, run_id = secondary["status"]["taskId"], secondary["runId"]
+        try:
+            await queue.reportException(task_id, str(run_id), {"reason": "superseded"})
+        except TaskclusterRestFailure as exc:
+            self.refused[task_id] = exc.status_code or 0
+            return None
+        await self._upload(http, queue, secondary, "public/superseded-by.json", by)
+        return {"taskId": task_id, "runId": run_id}
+
+    @staticmethod
+    async def _upload(
+        http: httpx.AsyncClient, queue: Any, claim: dict[str, Any], name: str, content: Any
+    ) -> None:
+        task_id, run_id = claim["status"]["taskId"], str(claim["runId"])
+        request = {
+            "storageType": "s3",
+            "expires": claim["task"]["expires"],
+            "contentType": "application/json",
+        }
+        created = await queue.createArtifact(task_id, run_id, name, request)
+        (await http.put(created["putUrl"], json=content)).raise_for_status()
 
     async def _superseding(self, claim: dict[str, Any]) -> list[dict[str, Any]]:
         task_id = claim["status"]["taskId"]

@@ -26,8 +26,17 @@ class TaskSpec:
     run's scheduled time). ``duration_ms`` is its recorded run time, ``None`` when it never ran
     (the replay then draws one from the same key's runs). ``started_ms``/``resolved_ms`` are
     the recorded run's times when known, for comparing the replay with what happened.
-    ``canceled_ms`` is when the history canceled the task (``cancelTask``), 0 if it did not:
-    the replay cancels it then, wherever it stands.
+    ``canceled_ms`` is when a person canceled the task (``cancelTask``), 0 if nobody did: the
+    replay cancels it then, wherever it stands.
+
+    ``superseded_ms`` is when the history's own superseding (a worker's shim, the enforcer)
+    resolved the task for a newer one, ``superseded_by`` (when known): it did no work then,
+    and the replay treats it as any task (without superseding, it runs for a drawn duration
+    and its dependents are scheduled). ``cascaded_ms`` is when the enforcer canceled the task
+    because a task it depends on was superseded (not a person's cancel: it is replayed as a
+    dependent of that task). ``real_runs`` are the ``(started, resolved)`` times of
+    the runs that executed a command, which size the pools (see
+    :mod:`coalescer.replay.runs`).
     """
 
     task_id: str
@@ -43,6 +52,35 @@ class TaskSpec:
     started_ms: int = 0
     resolved_ms: int = 0
     canceled_ms: int = 0
+    superseded_ms: int = 0
+    superseded_by: str = ""
+    cascaded_ms: int = 0
+    real_runs: tuple[tuple[int, int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recorded:
+    """What really happened, as far as a recorded history shows: the time the real runs took,
+    the tasks that did their work, those superseded, those canceled by the enforcer's cascade
+    (a dependency superseded) and by a person, and the span from the first schedule to the last
+    resolution."""
+
+    worker_ms: int
+    run: int
+    superseded: int
+    cascaded: int
+    canceled: int
+    makespan_ms: int
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "workerHours": round(self.worker_ms / 3_600_000, 3),
+            "run": self.run,
+            "superseded": self.superseded,
+            "cascaded": self.cascaded,
+            "canceled": self.canceled,
+            "makespanHours": round(self.makespan_ms / 3_600_000, 3),
+        }
 
 
 #: Taskcluster's priorities as numbers the pool model compares, highest first (``normal`` is
@@ -74,6 +112,9 @@ class History:
     #: Workers per task queue: given, or the peak concurrency the history shows.
     workers: Mapping[str, int]
     source: str = "history"
+    #: Runs that may have been superseded (canceled, or completed while their worker held
+    #: another run of their key) whose link could not be read: no queue, no service given.
+    unchecked: int = 0
 
     @classmethod
     def build(
@@ -83,6 +124,7 @@ class History:
         workers: Mapping[str, int] | None = None,
         default_workers: int | None = None,
         source: str = "history",
+        unchecked: int = 0,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
         where given, else the recorded peak concurrency, else ``default_workers``."""
@@ -102,22 +144,49 @@ class History:
                     "there; give one with --workers QUEUE=N or --workers N"
                 )
             pool[queue] = given
-        return cls(ordered, pool, source)
+        return cls(ordered, pool, source, unchecked)
 
     def recorded_makespan_ms(self) -> int | None:
         """From the first schedule to the last recorded resolution, if runs were recorded."""
-        ends = [t.resolved_ms for t in self.tasks if t.resolved_ms]
+        ends = [
+            end
+            for t in self.tasks
+            for end in (
+                t.resolved_ms,
+                t.superseded_ms,
+                t.cascaded_ms,
+                t.canceled_ms,
+                *(r for _, r in t.real_runs),
+            )
+            if end
+        ]
         if not ends:
             return None
         return max(ends) - self.tasks[0].scheduled_ms
 
+    def recorded(self) -> Recorded | None:
+        """What really happened, if the history recorded runs (a synthetic one did not)."""
+        makespan = self.recorded_makespan_ms()
+        if makespan is None:
+            return None
+        return Recorded(
+            worker_ms=sum(end - start for t in self.tasks for start, end in t.real_runs),
+            run=sum(1 for t in self.tasks if t.resolved_ms),
+            superseded=sum(1 for t in self.tasks if t.superseded_ms),
+            cascaded=sum(1 for t in self.tasks if t.cascaded_ms),
+            canceled=sum(1 for t in self.tasks if t.canceled_ms),
+            makespan_ms=makespan,
+        )
+
 
 def peak_concurrency(tasks: Sequence[TaskSpec]) -> dict[str, int]:
-    """Per task queue, the most runs the recorded times show at one moment."""
+    """Per task queue, the most real runs (runs that executed a command) the recorded times show
+    at one moment: a run held by the superseding side took no worker of the pool."""
     edges: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for t in tasks:
-        if t.started_ms and t.resolved_ms >= t.started_ms:
-            edges[t.task_queue] += [(t.started_ms, 1), (t.resolved_ms, -1)]
+        for started, resolved in t.real_runs:
+            if resolved >= started:
+                edges[t.task_queue] += [(started, 1), (resolved, -1)]
     peaks: dict[str, int] = {}
     for queue, points in edges.items():
         running = peak = 0

@@ -327,6 +327,12 @@ class Pool:
         self._pending(now, i)
 
     async def _dispatch(self, now: int) -> None:
+        # Every idle worker of a queue gets its task at once, as workers waiting in
+        # ``claimWork`` do when tasks arrive; only then does each ask about its task's key. Two
+        # workers that claimed tasks of one key at the same moment each run one of them: the
+        # first to ask holds whatever its answer lists that is still pending, the second finds
+        # only its own task.
+        claimed: list[int] = []
         for queue, heap in self.queues.items():
             while heap and self.idle[queue]:
                 *_, i, run = heapq.heappop(heap)
@@ -338,12 +344,16 @@ class Pool:
                     self._record(i, "exception", now, "deadline-exceeded")
                     continue
                 self.idle[queue] -= 1
-                await self._claim(i, now)
+                self._leave(i, State.RUNNING, now)
+                self._record(i, "running", now)
+                claimed.append(i)
+        for i in claimed:
+            await self._claim(i, now)
 
     async def _claim(self, i: int, now: int) -> None:
+        """A worker that claimed task ``i`` asks (when its key supersedes on claim), holds what
+        it can of the answer and runs the newest it holds."""
         task = self.tasks[i]
-        self._leave(i, State.RUNNING, now)
-        self._record(i, "running", now)
         held = [i]
         if self.index is not None and task.keys and self.index.asks(task):
             answer = await self.index.ask(task, now)

@@ -3,16 +3,20 @@ the queue with the official client (``listTaskGroup``).
 
 A task's history comes from its newest status: its first run's ``scheduled`` time, its task
 queue and deadline, and the run that did its work (the last one resolved ``completed`` or
-``failed``: its ``started``→``resolved`` is the duration the replay gives it). A task that
-never did its work (superseded, canceled, deadline) gets a duration drawn from its key's runs.
-A task whose newest run was canceled (``cancelTask``) is canceled in the replay at that time.
-Order within a key is the index's: the rank tag if set, else the first run's ``scheduled``.
-Pulse messages carry neither dependencies nor priorities: a task group read from the queue does.
+``failed`` that was not superseded: its ``started``→``resolved`` is the duration the replay
+gives it). A task that never did its work (superseded, canceled, deadline) gets a duration
+drawn from its key's runs. Superseded runs, whichever way they ended, are told apart from
+work and from a person's cancel by :mod:`coalescer.replay.runs`, with the links
+(``superseded-by.json``, the service's lineage) read for the runs that need one; a task whose
+newest run a person canceled (``cancelTask``) is canceled in the replay at that time. Order
+within a key is the index's: the rank tag if set, else the first run's ``scheduled``. Pulse
+messages carry neither dependencies nor priorities: a task group read from the queue does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -22,7 +26,9 @@ from coalescer.errors import CoalescerError, InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.ingest.events import EXCHANGE_PREFIX, Message, exchange_state, status_event
 from coalescer.model import keys_from_routes, parse_time_ms
+from coalescer.replay import runs
 from coalescer.replay.history import History, TaskSpec, priority_rank
+from coalescer.replay.links import Evidence, LinkError
 
 
 class SourceError(CoalescerError):
@@ -37,33 +43,33 @@ def task_spec(
     rank_tag: str | None,
     tags: Mapping[str, Any] | None = None,
     definition: Mapping[str, Any] | None = None,
+    fate: runs.Fate | None = None,
 ) -> TaskSpec | None:
-    """The replayable task of a status (and its definition, when read from the queue); ``None``
-    for a task that was never pending and never will be (resolved before any run)."""
-    runs = status.get("runs") or []
+    """The replayable task of a status (and its definition, when read from the queue), with
+    what its runs say (:func:`coalescer.replay.runs.fate`; without one, read from the status
+    alone); ``None`` for a task that was never pending and never will be (resolved before any
+    run)."""
     keys = keys_from_routes(list(routes), prefix)
+    recorded = runs.Recorded(status, keys)
     if definition is not None:  # a dependent was created with its push, pending later
         scheduled = parse_time_ms(definition["created"])
-    elif runs:
-        scheduled = parse_time_ms(runs[0]["scheduled"])
+    elif recorded.runs:
+        scheduled = parse_time_ms(recorded.runs[0]["scheduled"])
     else:
         return None
     order = float(scheduled)
-    if keys and runs:
+    if keys and recorded.runs:
         event = status_event(status, keys, tags=tags, rank_tag=rank_tag)
         if event is not None:
             order = event.order
-    worked = [r for r in runs if r.get("state") in ("completed", "failed") and "started" in r]
-    started = resolved = 0
-    if worked:
-        started, resolved = (
-            parse_time_ms(worked[-1]["started"]),
-            parse_time_ms(worked[-1]["resolved"]),
-        )
-    last = runs[-1] if runs else {}
-    canceled = last.get("reasonResolved") == "canceled" and "resolved" in last
+    if fate is None:
+        fate = runs.fate(recorded, {}, (), set())
+    started, resolved, outcome = fate.worked or (0, 0, "completed")
     queue = status.get("taskQueueId") or f"{status['provisionerId']}/{status['workerType']}"
     definition = definition or {}
+    dependencies = tuple(d for d in definition.get("dependencies", ()) if d != status["taskId"])
+    if fate.after and fate.after not in dependencies:  # known from the lineage's cascade only
+        dependencies += (fate.after,)
     return TaskSpec(
         task_id=status["taskId"],
         task_queue=queue,
@@ -72,13 +78,69 @@ def task_spec(
         scheduled_ms=scheduled,
         deadline_ms=parse_time_ms(status["deadline"]),
         priority=priority_rank(definition.get("priority", "lowest")),
-        dependencies=tuple(d for d in definition.get("dependencies", ()) if d != status["taskId"]),
-        duration_ms=resolved - started if worked else None,
-        outcome=worked[-1]["state"] if worked else "completed",
+        dependencies=dependencies,
+        duration_ms=resolved - started if fate.worked else None,
+        outcome=outcome,
         started_ms=started,
         resolved_ms=resolved,
-        canceled_ms=parse_time_ms(last["resolved"]) if canceled else 0,
+        canceled_ms=fate.canceled_ms,
+        superseded_ms=fate.superseded_ms,
+        superseded_by=fate.superseded_by,
+        cascaded_ms=fate.cascaded_ms,
+        real_runs=fate.real,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Read:
+    """A task as read, before its runs are weighed against the others'."""
+
+    status: Mapping[str, Any]
+    routes: Sequence[str]
+    tags: Mapping[str, Any] | None
+    definition: Mapping[str, Any] | None
+
+
+def _specs(
+    read: Sequence[_Read], *, prefix: str, rank_tag: str | None, evidence: Evidence
+) -> tuple[list[TaskSpec], int]:
+    """The tasks, each with what its runs say once the links of the runs that may have been
+    superseded are read; and how many such runs no link could be read for."""
+    recorded = [
+        runs.Recorded(
+            r.status,
+            keys_from_routes(list(r.routes), prefix),
+            tuple((r.definition or {}).get("dependencies", ())),
+        )
+        for r in read
+    ]
+    shared = runs.shared_worker(recorded)
+    candidates = runs.to_check(recorded, evidence.identities, shared)
+    try:
+        links = evidence.links(candidates)
+    except LinkError as exc:
+        raise SourceError(str(exc)) from exc
+    unchecked = 0
+    if not evidence.reads_links:
+        unchecked = len(runs.undecided(recorded, candidates, evidence.identities))
+    fates = runs.fates(recorded, links, evidence.identities, shared)
+    specs = []
+    for r, task in zip(read, recorded, strict=True):
+        try:
+            spec = task_spec(
+                r.status,
+                r.routes,
+                prefix=prefix,
+                rank_tag=rank_tag,
+                tags=r.tags,
+                definition=r.definition,
+                fate=fates[task.task_id],
+            )
+        except (KeyError, InvalidEvent, InvalidInput) as exc:
+            raise SourceError(f"task {r.status.get('taskId')}: {exc}") from exc
+        if spec is not None:
+            specs.append(spec)
+    return specs, unchecked
 
 
 def read_events(lines: Iterable[bytes | str]) -> Iterator[Message]:
@@ -100,8 +162,11 @@ def from_events(
     workers: Mapping[str, int] | None = None,
     default_workers: int | None = None,
     source: str = "recorded events",
+    evidence: Evidence | None = None,
 ) -> History:
-    """A history from recorded Pulse messages: each task as its newest message shows it."""
+    """A history from recorded Pulse messages: each task as its newest message shows it.
+    ``evidence`` tells superseded runs (default: by their reason and the enforcer's identity;
+    give it a queue or a service to read their links)."""
     newest: dict[str, tuple[tuple[int, int], Message]] = {}
     for message in messages:
         try:
@@ -112,32 +177,30 @@ def from_events(
         task_id = status.get("taskId")
         if not isinstance(task_id, str):
             raise SourceError(f"a {message.exchange} message without status.taskId")
-        runs = status.get("runs") or []
+        known = status.get("runs") or []
         # A later message knows more: more runs, or the same run further along.
-        weight = (len(runs), len([r for r in runs if "resolved" in r]))
+        weight = (len(known), len([r for r in known if "resolved" in r]))
         if task_id not in newest or weight >= newest[task_id][0]:
             newest[task_id] = (weight, message)
-    tasks = []
+    read = []
     for _, message in newest.values():
         name = message.exchange.removeprefix(EXCHANGE_PREFIX)
         if problems := validation.errors(f"{name}-message", message.payload):
             raise SourceError(f"a {name} message fails its schema: " + "; ".join(problems))
         tags = (message.payload.get("task") or {}).get("tags")
-        try:
-            spec = task_spec(
-                message.payload["status"],
-                message.routes,
-                prefix=prefix,
-                rank_tag=rank_tag,
-                tags=tags,
-            )
-        except (KeyError, InvalidEvent, InvalidInput) as exc:
-            raise SourceError(f"task {message.payload['status'].get('taskId')}: {exc}") from exc
-        if spec is not None:
-            tasks.append(spec)
+        read.append(_Read(message.payload["status"], message.routes, tags, None))
+    tasks, unchecked = _specs(
+        read, prefix=prefix, rank_tag=rank_tag, evidence=evidence or Evidence()
+    )
     if not tasks:
         raise SourceError("the messages hold no task that was ever pending")
-    return History.build(tasks, workers=workers, default_workers=default_workers, source=source)
+    return History.build(
+        tasks,
+        workers=workers,
+        default_workers=default_workers,
+        source=source,
+        unchecked=unchecked,
+    )
 
 
 def from_task_groups(
@@ -148,9 +211,12 @@ def from_task_groups(
     rank_tag: str | None,
     workers: Mapping[str, int] | None = None,
     default_workers: int | None = None,
+    evidence: Evidence | None = None,
 ) -> History:
-    """A history from task groups, read with ``queue`` (a ``taskcluster.Queue``)."""
-    tasks = []
+    """A history from task groups, read with ``queue`` (a ``taskcluster.Queue``), which also
+    gives the ``superseded-by.json`` of the runs that may have been superseded (``evidence``
+    adds the service's lineage, or other identities of the enforcer)."""
+    read = []
     ids = list(group_ids)
     for group in ids:
         query: dict[str, str] = {}
@@ -161,22 +227,13 @@ def from_task_groups(
                 raise SourceError(f"cannot list task group {group}: {exc}") from exc
             for entry in page["tasks"]:
                 definition, status = entry["task"], entry["status"]
-                try:
-                    spec = task_spec(
-                        status,
-                        definition.get("routes", []),
-                        prefix=prefix,
-                        rank_tag=rank_tag,
-                        tags=definition.get("tags"),
-                        definition=definition,
-                    )
-                except (KeyError, InvalidEvent, InvalidInput) as exc:
-                    raise SourceError(f"task {status.get('taskId')}: {exc}") from exc
-                if spec is not None:
-                    tasks.append(spec)
+                routes = definition.get("routes", [])
+                read.append(_Read(status, routes, definition.get("tags"), definition))
             if not page.get("continuationToken"):
                 break
             query = {"continuationToken": page["continuationToken"]}
+    evidence = dataclasses.replace(evidence or Evidence(), queue=queue)
+    tasks, unchecked = _specs(read, prefix=prefix, rank_tag=rank_tag, evidence=evidence)
     if not tasks:
         raise SourceError(f"task groups {', '.join(ids)} hold no task")
     return History.build(
@@ -184,4 +241,5 @@ def from_task_groups(
         workers=workers,
         default_workers=default_workers,
         source="task groups " + ", ".join(ids),
+        unchecked=unchecked,
     )

@@ -106,17 +106,18 @@ def test_a_canceled_task_waiting_for_its_dependencies_is_never_scheduled() -> No
 
 
 def test_the_pool_defaults_to_the_peak_concurrency_the_history_shows() -> None:
-    def ran(task_id: str, start: int, end: int, queue: str = "q") -> TaskSpec:
-        return TaskSpec(
-            task_id, queue, (), 0.0, T0, T0 + 10**8, started_ms=T0 + start, resolved_ms=T0 + end
-        )
+    def ran(task_id: str, *spans: tuple[int, int], queue: str = "q") -> TaskSpec:
+        real = tuple((T0 + start, T0 + end) for start, end in spans)
+        return TaskSpec(task_id, queue, (), 0.0, T0, T0 + 10**8, real_runs=real)
 
     tasks = [
-        ran("a", 0, 10),
-        ran("b", 5, 20),
-        ran("c", 10, 30),
-        ran("d", 12, 14),
-        ran("e", 0, 1, "r"),
+        ran("a", (0, 10)),
+        ran("b", (5, 20)),
+        ran("c", (10, 30)),
+        ran("d", (12, 14)),
+        ran("e", (0, 1), queue="r"),
+        # Held by the superseding side from 5 to 25, then run: only its real run counts.
+        ran("f", (25, 40)),
     ]
     assert peak_concurrency(tasks) == {"q": 3, "r": 1}
     assert History.build(tasks).workers == {"q": 3, "r": 1}

@@ -69,6 +69,31 @@ def test_the_worker_runs_the_newest_listed_task_and_supersedes_the_others() -> N
     assert on.worker_ms == off.worker_ms - 20 * 60_000
 
 
+def test_two_workers_claiming_one_key_at_the_same_moment_each_run_a_task_of_it() -> None:
+    # Both workers are busy until minute 60, then free together: each gets a task from the
+    # queue at once (a, then b), and only then does each ask. a's worker holds c, the newest
+    # still pending, and runs it; b's worker finds b alone.
+    h = history(
+        task("busy1", 0, 60, key=None),
+        task("busy2", 0, 60, key=None),
+        task("a", 1, 10),
+        task("b", 2, 10),
+        task("c", 3, 10),
+        workers=2,
+    )
+    (on,) = run(h, Config(True))
+    assert states(h, on) == {
+        "busy1": "completed",
+        "busy2": "completed",
+        "a": "superseded",
+        "b": "completed",
+        "c": "completed",
+    }
+    ids = [t.task_id for t in h.tasks]
+    assert on.by[ids.index("a")] == ids.index("c") and on.asked == 2
+    assert [minutes(on.left_ms[ids.index(t)]) for t in ("a", "b", "c")] == [60, 60, 60]
+
+
 def test_latest_wins_supersedes_on_arrival_through_the_policy_decisions() -> None:
     h = history(*BACKLOG)
     (out,) = run(h, Config(True, strategy="latest-wins"))

@@ -19,6 +19,7 @@ from coalescer.replay.history import History
 from coalescer.settings import Settings
 
 if TYPE_CHECKING:
+    from coalescer.replay.links import Evidence
     from coalescer.replay.pool import Outcome
     from coalescer.replay.runner import Config
 
@@ -39,6 +40,20 @@ def register(sub: Any) -> None:
         default=[],
         metavar="ID",
         help="a task group to read from the queue (TASKCLUSTER_ROOT_URL); repeatable",
+    )
+    source.add_argument(
+        "--service",
+        metavar="URL",
+        help="a coalescer service whose lineage (GET /v1/tasks/<taskId>) says which recorded "
+        "runs its enforcer superseded or canceled",
+    )
+    source.add_argument(
+        "--enforcer-identity",
+        action="append",
+        default=[],
+        metavar="GROUP/ID",
+        help="the workerGroup/workerId coalescer enforce claims as: every run it resolved was "
+        "superseded (default: coalescer/enforcer); repeatable",
     )
     synth = p.add_argument_group("synthetic history")
     synth.add_argument("--hours", type=float, default=24.0, help="length of history (24)")
@@ -111,6 +126,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     configs = [runner.Config(False), *(c for c in configs if c.supersede), *files]
     workers, default = parse_workers(args.workers)
     history = _history(args, settings, workers, default)
+    _unchecked(history)
     started = time.monotonic()
     outcomes = asyncio.run(_run(history, configs, args.redis_url, settings))
     seconds = time.monotonic() - started
@@ -149,6 +165,7 @@ def _history(
 
     prefix, rank_tag = settings.route_prefix, settings.rank_tag
     try:
+        evidence = _evidence(args, settings)
         if args.events:
             with open(args.events, "rb") as lines:
                 return sources.from_events(
@@ -158,22 +175,19 @@ def _history(
                     workers=workers,
                     default_workers=default,
                     source=f"recorded events ({Path(args.events).name})",
+                    evidence=evidence,
                 )
         if args.task_group:
-            import taskcluster
-
-            if not settings.taskcluster_root_url:
+            if evidence.queue is None:
                 raise ConfigError("--task-group needs TASKCLUSTER_ROOT_URL")
-            queue = taskcluster.Queue(
-                {"rootUrl": settings.taskcluster_root_url, **taskcluster.optionsFromEnvironment()}
-            )
             return sources.from_task_groups(
-                queue,
+                evidence.queue,
                 args.task_group,
                 prefix=prefix,
                 rank_tag=rank_tag,
                 workers=workers,
                 default_workers=default,
+                evidence=evidence,
             )
         spec = synthetic.Synthetic(
             hours=args.hours,
@@ -192,6 +206,41 @@ def _history(
         raise ConfigError(f"cannot read {args.events}: {exc.strerror}") from exc
     except InvalidInput as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _evidence(args: argparse.Namespace, settings: Settings) -> Evidence:
+    """How the recorded history's superseded runs are told: the enforcer's identities, the
+    queue (``TASKCLUSTER_ROOT_URL``) for their ``superseded-by.json``, the service's lineage."""
+    from coalescer.replay.links import Evidence
+    from coalescer.replay.runs import ENFORCER, parse_identity
+
+    try:
+        identities = frozenset(map(parse_identity, args.enforcer_identity)) or {ENFORCER}
+    except ValueError as exc:
+        raise ConfigError(f"--enforcer-identity {exc}") from exc
+    queue = None
+    if settings.taskcluster_root_url and (args.events or args.task_group):
+        import taskcluster
+
+        queue = taskcluster.Queue(
+            {"rootUrl": settings.taskcluster_root_url, **taskcluster.optionsFromEnvironment()}
+        )
+    service = args.service
+    if service is not None and not service.startswith(("http://", "https://")):
+        raise ConfigError(f"--service {service!r}: expected an http:// or https:// URL")
+    return Evidence(frozenset(identities), queue, service)
+
+
+def _unchecked(history: History) -> None:
+    """Say, on stderr, how many recorded runs may have been superseded unbeknown."""
+    if history.unchecked:
+        print(
+            f"coalescer replay: {history.unchecked} recorded runs (canceled, or completed while "
+            "their worker held another task of their key) may have been superseded, but no "
+            "link could be read for them: set TASKCLUSTER_ROOT_URL to read their "
+            "superseded-by.json, or give --service; they are replayed as they ended",
+            file=sys.stderr,
+        )
 
 
 async def _run(

@@ -28,6 +28,8 @@ class Report:
             "workers": dict(self.history.workers),
             "hours": round((tasks[-1].scheduled_ms - tasks[0].scheduled_ms) / 3_600_000, 3),
             "recordedMakespanHours": _hours(self.history.recorded_makespan_ms()),
+            "recorded": None if (seen := self.history.recorded()) is None else seen.to_json(),
+            "uncheckedRuns": self.history.unchecked,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -75,13 +77,31 @@ ROWS: tuple[tuple[str, Any], ...] = (
 )
 
 
+def recorded(history: History) -> str | None:
+    """What really happened, in one line, for a recorded history."""
+    seen = history.recorded()
+    if seen is None:
+        return None
+    line = (
+        f"recorded (what really happened): {seen.worker_ms / 3_600_000:,.1f} worker-hours, "
+        f"{seen.run:,} tasks run, {seen.superseded:,} superseded"
+    )
+    if seen.cascaded:
+        line += f", {seen.cascaded:,} canceled with a superseded dependency"
+    if seen.canceled:
+        line += f", {seen.canceled:,} canceled by a person"
+    return line + f", makespan {duration(seen.makespan_ms / 1000)}"
+
+
 def table(report: Report) -> str:
-    """Configurations side by side, then each key's push-to-result p50/p95 and pushes without
-    a result of their own."""
+    """Configurations side by side (then what really happened, for a recorded history), then
+    each key's push-to-result p50/p95 and pushes without a result of their own."""
     names = [s.name for s in report.summaries]
     rows = [["", *names]]
     rows += [[label, *(show(s) for s in report.summaries)] for label, show in ROWS]
     text = _grid(rows)
+    if (line := recorded(report.history)) is not None:
+        text += "\n" + line
     key_rows = [["key: p50/p95 (no own result)", *names]]
     for n, key in enumerate(report.summaries[0].keys):
         cells = []
@@ -165,6 +185,7 @@ def html(report: Report) -> str:
     return _env.get_template("report.html").render(
         report=report,
         history=report.history_json(),
+        recorded=recorded(report.history),
         rows=[(label, [show(s) for s in report.summaries]) for label, show in ROWS],
         rule_tables=[
             (s.name, [rule_cells(r) for r in s.rules]) for s in report.summaries if by_rule(s)

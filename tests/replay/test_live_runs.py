@@ -14,8 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from coalescer.emulator.clock import Clock
@@ -345,3 +351,82 @@ async def test_a_run_under_the_enforcer_replays_off_and_under_its_policy(
         off, under = await run_replay(read, Config(False), config)
         check_off(read, off, POLICY_WORKERS)
         check_reproduced(read, under, lived)
+
+
+def command(*args: str, root_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKCLUSTER_", "COALESCER_"))}
+    env.pop("REDIS_URL", None)
+    if root_url is not None:
+        env["TASKCLUSTER_ROOT_URL"] = root_url
+    return subprocess.run(
+        [sys.executable, "-m", "coalescer.cli", "replay", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def figures(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode == 0, done.stderr
+    doc = orjson.loads(done.stdout)
+    return {"history": doc["history"]} | {c["name"]: c for c in doc["configurations"]}
+
+
+async def test_the_command_reads_a_task_group_or_its_events_as_they_happened(
+    em: QueueEmulator, store: Store, tmp_path: Path
+) -> None:
+    _, group, history, _ = await record(em, store)
+    recorded = history.recorded()
+    assert recorded is not None
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b"".join(orjson.dumps(m) + b"\n" for m in em.published))
+    runs = [
+        ("--task-group", group, "--config", "on-claim"),
+        ("--events", str(events), "--config", "on-claim"),
+    ]
+    for args in runs:
+        done = await asyncio.to_thread(command, *args, root_url=em.root_url)
+        assert "may have been superseded" not in done.stderr
+        found = figures(done)
+        tasks = 15 if args[0] == "--task-group" else 12  # unscheduled tests publish nothing
+        assert found["history"]["workers"] == SHIM_WORKERS
+        assert found["history"]["recorded"] == recorded.to_json() | {
+            "cascaded": 0,
+            "canceled": 0,
+            "run": 8,
+            "superseded": 4,
+        }
+        off, on = found["off"], found["on-claim always"]
+        assert (off["run"], off["withdrawn"], off["never_scheduled"]) == (tasks, 0, 0)
+        assert (on["run"], on["superseded"], on["withdrawn"]) == (8, 4, 0)
+        assert on["worker_hours"] == pytest.approx(recorded.worker_ms / 3_600_000, abs=0.001)
+    # Without the queue, the worker's cancels cannot be told from a person's: it says so.
+    done = await asyncio.to_thread(command, "--events", str(events))
+    assert "6 recorded runs (canceled, or completed while" in done.stderr
+    assert figures(done)["history"]["uncheckedRuns"] == 6
+
+
+async def test_the_command_reads_the_enforcer_s_lineage_from_the_service(
+    em: QueueEmulator, store: Store, tmp_path: Path
+) -> None:
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY)
+    policy = loads(POLICY, "policy.yaml", toml=False)
+    events = tmp_path / "events.jsonl"
+    async with served(store, policy) as service:
+        live = LiveRun(em, store, service, workers=POLICY_WORKERS, asking=("test",), policy=policy)
+        await live.run(PUSHES)
+        events.write_bytes(b"".join(orjson.dumps(m) + b"\n" for m in em.published))
+        args = ("--events", str(events), "--policy", str(policy_file))
+        blind = figures(await asyncio.to_thread(command, *args))
+        found = figures(await asyncio.to_thread(command, *args, "--service", service))
+    # The enforcer's cancels of running mac tasks, and its cascade, are the lineage's to tell.
+    assert (blind["off"]["withdrawn"], blind["history"]["uncheckedRuns"]) == (7, 7)
+    assert found["history"]["uncheckedRuns"] == 0
+    assert found["history"]["workers"] == POLICY_WORKERS
+    assert found["history"]["recorded"]["superseded"] == 7
+    assert found["history"]["recorded"]["cascaded"] == 3
+    off, under = found["off"], found["policy policy.yaml"]
+    assert (off["run"], off["withdrawn"], off["never_scheduled"]) == (15, 0, 0)
+    assert (under["run"], under["superseded"], under["never_scheduled"]) == (5, 7, 3)

@@ -164,6 +164,7 @@ def _history(
     from coalescer.replay import sources, synthetic
 
     prefix, rank_tag = settings.route_prefix, settings.rank_tag
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per link read is noise here
     try:
         evidence = _evidence(args, settings)
         if args.events:

@@ -1,0 +1,207 @@
+"""Finding the culprit: the bisection of the pushes a failed primary held. Pure: no IO.
+
+A primary failed; it held ``n`` older tasks of its key (the *victims*, ``0 .. n-1``, oldest
+first); the primary is push ``n``. Which push broke it? Run the middle one: if it fails, the
+first failing push is it or older; if it passes, newer. :class:`Bisection` keeps what is known:
+
+* ``good``: the newest push known to pass (-1: none), ``bad``: the oldest known to fail (``n``
+  at the start: the primary).
+* :meth:`Bisection.next` says what to run (:class:`Probe`: a push and its attempt), and
+  :meth:`Bisection.record` takes the result. Once ``bad - good == 1`` among the pushes still
+  in the search, ``bad`` is the culprit and ``good`` the last good push.
+* A failure is confirmed by up to ``confirm`` reruns before the search narrows on it: a rerun
+  that passes makes the push *intermittent* and good. With ``confirm`` 0 every failure is
+  trusted. The primary's own failure is confirmed first (when there is anything to search): if
+  its confirmation passes, no push failed for good, and the primary's result stands for every
+  victim.
+* :meth:`Bisection.drop` takes a push out of the search that gave no verdict (its claim was
+  lost, its deadline came, it ended in an exception): it runs itself, stood for by nobody.
+
+Bound on the runs beyond the primary's first: each push the search probes is the middle of the
+pushes left, so at most ``ceil(log2(n + 1))`` pushes are probed; each costs one run if it
+passes, and at most ``1 + confirm`` otherwise; the primary's confirmation costs at most
+``confirm`` (:func:`max_runs`).
+
+What stands for a victim that did not run (:func:`stand_ins`): older than the last good, the
+last good push (its pass stands for the older ones); newer than the culprit, the culprit (its
+failure does); nothing for a dropped one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Probe:
+    """Run push ``index`` (``n``: the primary); ``attempt`` 0 is its first run, ``k`` its
+    ``k``-th confirmation."""
+
+    index: int
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Run:
+    """A run the search made (the primary's first run included), and when it ended."""
+
+    index: int
+    attempt: int
+    passed: bool
+    ended: datetime | None = None
+
+
+def max_runs(n: int, confirm: int) -> int:
+    """The most runs a search over ``n`` victims makes beyond the primary's first run."""
+    if n <= 0:
+        return 0
+    return confirm + (1 + confirm) * math.ceil(math.log2(n + 1))
+
+
+@dataclasses.dataclass
+class Bisection:
+    """The search over ``n`` victims after the primary (push ``n``) failed. Build it with
+    :meth:`start`."""
+
+    n: int
+    confirm: int
+    good: int = -1
+    bad: int = 0
+    runs: list[Run] = dataclasses.field(default_factory=list)
+    #: Pushes taken out of the search (no verdict): they run themselves.
+    dropped: set[int] = dataclasses.field(default_factory=set)
+    #: Pushes whose failure a confirmation did not reproduce: treated as good.
+    intermittent: set[int] = dataclasses.field(default_factory=set)
+    #: Pushes with a verdict: True passed, False failed.
+    verdicts: dict[int, bool] = dataclasses.field(default_factory=dict)
+    #: The push being run and the failures it has had so far, awaiting a confirmation.
+    _failures: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
+
+    @classmethod
+    def start(cls, n: int, confirm: int = 1, ended: datetime | None = None) -> Bisection:
+        """The search once the primary's first run failed (``ended`` then)."""
+        if n < 0 or confirm < 0:
+            raise ValueError("n and confirm must be >= 0")
+        search = cls(n=n, confirm=confirm, bad=n)
+        search.runs.append(Run(n, 0, False, ended))
+        if confirm and n:
+            search._failures[n] = 1
+        else:
+            search.verdicts[n] = False
+        return search
+
+    @property
+    def candidates(self) -> list[int]:
+        """The pushes the culprit may still be, apart from ``bad``: those between the last
+        good and the first bad that are still in the search."""
+        return [i for i in range(self.good + 1, self.bad) if i not in self.dropped]
+
+    def next(self) -> Probe | None:
+        """What to run next; None when the search is over."""
+        if self._failures:
+            [(index, failures)] = self._failures.items()
+            return Probe(index, failures)
+        if self.n not in self.verdicts:
+            return None  # the primary was dropped before its failure was confirmed
+        if self.verdicts[self.n]:
+            return None  # the primary's failure was intermittent
+        left = self.candidates
+        if not left:
+            return None
+        return Probe(left[(len(left) - 1) // 2], 0)
+
+    @property
+    def done(self) -> bool:
+        return self.next() is None
+
+    def record(self, index: int, passed: bool, ended: datetime | None = None) -> None:
+        """The result of running :meth:`next`'s probe (``ended`` then)."""
+        probe = self.next()
+        if probe is None or probe.index != index:
+            raise ValueError(f"push {index} is not the one to run ({probe})")
+        self.runs.append(Run(index, probe.attempt, passed, ended))
+        if passed:
+            if self._failures.pop(index, 0):
+                self.intermittent.add(index)
+            self._verdict(index, True)
+            return
+        failures = self._failures.get(index, 0) + 1
+        if failures <= self.confirm:
+            self._failures[index] = failures
+            return
+        self._failures.pop(index, None)
+        self._verdict(index, False)
+
+    def _verdict(self, index: int, passed: bool) -> None:
+        self.verdicts[index] = passed
+        if index == self.n:
+            return  # the primary: bad already, or intermittent (then the search is over)
+        if passed:
+            self.good = max(self.good, index)
+        else:
+            self.bad = min(self.bad, index)
+
+    def drop(self, index: int) -> None:
+        """Take push ``index`` out of the search: it gave no verdict and runs itself."""
+        if index in self.verdicts:
+            raise ValueError(f"push {index} has a verdict already")
+        self._failures.pop(index, None)
+        self.dropped.add(index)
+
+    @property
+    def ran(self) -> set[int]:
+        """The pushes that ran (the primary included)."""
+        return {run.index for run in self.runs}
+
+    @property
+    def culprit(self) -> int | None:
+        """The oldest push that failed for good, once the search is over; None while it runs,
+        when the primary's failure was intermittent, or when the primary was dropped."""
+        if not self.done or self.verdicts.get(self.n) is not False:
+            return None
+        return self.bad
+
+    @property
+    def last_good(self) -> int | None:
+        """The newest push that passed below the culprit, once located; else None."""
+        if self.culprit is None or self.good < 0:
+            return None
+        return self.good
+
+    @property
+    def keep(self) -> set[int]:
+        """The pushes that ran and may yet stand for others, or are being confirmed: their
+        claims stay held. Any other push that ran can be resolved with its own result."""
+        if self.verdicts.get(self.n) is True:
+            return {self.n}
+        held = {self.bad, self.good} - {-1}
+        return held | set(self._failures)
+
+
+def stand_ins(search: Bisection) -> dict[int, int]:
+    """Who stands for each victim that did not run, once the search is over: ``{victim:
+    push}``. Victims that were dropped, or that nothing stands for, are left out."""
+    if not search.done:
+        raise ValueError("the search is not over")
+    ran, out = search.ran, search.dropped
+    waiting = [i for i in range(search.n) if i not in ran and i not in out]
+    if search.verdicts.get(search.n) is True:  # intermittent primary: it stands for all
+        return dict.fromkeys(waiting, search.n)
+    if search.culprit is None:
+        return {}
+    found: dict[int, int] = {}
+    for i in waiting:
+        if i < search.good:
+            found[i] = search.good
+        elif i > search.bad:
+            found[i] = search.bad
+    return found
+
+
+def expiring(deadlines: Mapping[int, datetime], now: datetime, margin: timedelta) -> list[int]:
+    """The pushes whose deadline comes within ``margin`` of ``now``: held any longer, the
+    queue would end them before they ran or were stood for."""
+    return sorted(i for i, deadline in deadlines.items() if deadline <= now + margin)

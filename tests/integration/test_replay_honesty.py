@@ -1,7 +1,9 @@
-"""The replay is honest: a small history run end to end (the queue emulator, ``coalescer
-listen`` and ``serve``, two real ``coalescer worker`` processes) and the same history, read back
-from the queue, replayed under the same protocol with the same two workers: the same tasks run,
-and each superseded task is superseded by the same task.
+"""The replay is honest: a small history run end to end (the queue emulator, as a current queue
+that refuses reason ``superseded``, ``coalescer listen`` and ``serve``, two real ``coalescer
+worker`` processes) and the same history, read back from the queue, replayed under the same
+protocol with the same two workers: the same tasks run, and each superseded task (canceled on
+the queue, with its ``superseded-by.json``) is superseded by the same task. Replayed without
+superseding, every task runs, and no held run sized the pool.
 
 The history is chosen so that the outcome does not hang on which of two simultaneous claims
 wins: a burst of three keys lands while no worker runs; one key's tasks run for seconds, the
@@ -30,7 +32,7 @@ import taskcluster
 
 from coalescer.policy import rules
 from coalescer.replay import sources
-from coalescer.replay.history import History
+from coalescer.replay.history import History, peak_concurrency
 from coalescer.replay.metrics import summarize
 from coalescer.replay.pool import Outcome, State
 from coalescer.replay.runner import Config, replay
@@ -79,11 +81,13 @@ async def test_replay_equals_the_end_to_end_run(
     finally:
         procs.stop()
     assert len(history.tasks) == len(tasks)
-    [outcome] = await replay(history, [Config.parse("on-claim")], store)
+    check_recorded(history, lived)
+    off, outcome = await replay(history, [Config(False), Config.parse("on-claim")], store)
     replayed = replayed_results(history, outcome)
     # Superseding happened, and the replay tells exactly what the real run did.
     assert sum(by is None for by in lived.values()) == len(KEYS)
     assert replayed == lived
+    assert set(off.state) == {State.COMPLETED}
 
 
 #: Under the policy: build.linux latest-wins, build.mac first-wins, test.unit on claim. Once
@@ -132,13 +136,15 @@ async def test_replay_under_a_policy_equals_the_end_to_end_run_with_the_enforcer
         )
     finally:
         procs.stop()
+    check_recorded(history, lived)
     config = Config.from_policy(rules.load(policy_file), policy_file.name)
     # The embedded store: a policy replay wants a database of its own.
     scratch = await open_store(None, grace_seconds=3600)
     try:
-        [outcome] = await replay(history, [config], scratch)
+        off, outcome = await replay(history, [Config(False), config], scratch)
     finally:
         await scratch.close()
+    assert set(off.state) == {State.COMPLETED}
     replayed = replayed_results(history, outcome)
     ids = [t.task_id for t in history.tasks]
     by_key = {key: [t for t in tasks if lived_key(history, t) == key] for key in POLICY_KEYS}
@@ -158,6 +164,16 @@ async def test_replay_under_a_policy_equals_the_end_to_end_run_with_the_enforcer
     assert {ids[i] for i, s in enumerate(outcome.state) if s == State.COMPLETED} == {
         t for t in tasks if lived[t] is None
     }
+
+
+def check_recorded(history: History, lived: dict[str, str | None]) -> None:
+    """The history read back knows which tasks were superseded (canceled on the queue, by a
+    worker or by the enforcer), none as a person's cancel; a held run sized no pool."""
+    assert {t.task_id for t in history.tasks if t.superseded_ms} == {
+        task for task, by in lived.items() if by is not None
+    }
+    assert not any(t.canceled_ms or t.cascaded_ms for t in history.tasks)
+    assert peak_concurrency(history.tasks)[QUEUE] in (1, 2)
 
 
 def lived_key(history: History, task_id: str) -> str:
@@ -217,9 +233,7 @@ async def run_end_to_end(
         await eventually(
             lambda: _true("consuming queue/" in procs.output("listen")), procs, 30, "listen"
         )
-        procs.start(
-            "emulator", "emulator", "--port", str(queue_port), "--legacy", "--pulse-url", amqp_url
-        )
+        procs.start("emulator", "emulator", "--port", str(queue_port), "--pulse-url", amqp_url)
         await eventually(lambda: answers(f"{root}/api/queue/v1/ping"), procs, 30, "emulator")
         queue = taskcluster.Queue(
             {"rootUrl": root, "credentials": {"clientId": "honest", "accessToken": "x"}}
@@ -288,8 +302,8 @@ def results(queue: taskcluster.Queue, root: str, tasks: list[str]) -> dict[str, 
         [run] = queue.status(task_id)["status"]["runs"]
         if run["reasonResolved"] == "completed":
             out[task_id] = None
-        else:
-            assert run["reasonResolved"] == "superseded", (task_id, run)
+        else:  # a current queue refuses reason 'superseded': canceled, with its link
+            assert run["reasonResolved"] == "canceled", (task_id, run)
             blob = f"{root}/emulator/v1/blobs/{task_id}/0/public/superseded-by.json"
             out[task_id] = httpx.get(blob).raise_for_status().json()["taskId"]
     return out

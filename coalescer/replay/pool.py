@@ -2,7 +2,8 @@
 
 Tasks become pending at their scheduled times (a dependent once every dependency completed).
 Each task queue has N workers; an idle worker claims the highest-priority, then
-longest-pending task, as the queue's ``claimWork`` does. A run takes the task's recorded
+longest-pending task, as the queue's ``claimWork`` does, and workers idle at the same instant
+all get their tasks before any of them asks the index. A run takes the task's recorded
 duration. With superseding on, a worker that claimed a task with a coalescing key asks the
 index (:class:`Index`) as the worker shim does, claims every listed task that is still pending
 on its task queue with the same keys, runs the newest one it holds (the primary) and resolves

@@ -21,7 +21,13 @@ from taskcluster.aio import Queue
 from taskcluster.exceptions import TaskclusterFailure
 
 from coalescer.model import parse_time_ms
-from coalescer.worker.protocol import Options, claimable_run, ineligibility, reclaim_at
+from coalescer.worker.protocol import (
+    Options,
+    claimable_run,
+    given_back,
+    ineligibility,
+    reclaim_at,
+)
 
 log = logging.getLogger("coalescer.worker")
 
@@ -64,7 +70,9 @@ class Claim:
     """One task run this worker holds, with its newest credentials.
 
     ``lock`` serialises what uses the credentials to change the run's state (reclaiming,
-    resolving); ``done`` turns true once the run is resolved, released or lost.
+    resolving); ``done`` turns true once the run is resolved, released or lost. ``attempt`` is
+    0 while the run's command runs the first time, ``k`` when it runs again under the same
+    claim to confirm a failure (``--on-primary-failure bisect``).
     """
 
     def __init__(
@@ -76,6 +84,7 @@ class Claim:
         self.lock = asyncio.Lock()
         self.done = False
         self.lost = False
+        self.attempt = 0
         self._conn = conn
         self._fraction = fraction
         self.refresh(response, received)
@@ -128,6 +137,9 @@ async def claim_one(
     run_id = claimable_run(status["status"])
     if run_id is None:
         log.info("not claiming %s: its latest run is not pending", task_id)
+        return None
+    if given_back(status["status"]):
+        log.info("not claiming %s: its previous run was given back, it runs itself", task_id)
         return None
     sent = clock()
     try:

@@ -116,10 +116,13 @@ def fallback(may_cancel: bool) -> Resolution:
 
 class OnPrimaryFailure(enum.StrEnum):
     """What a *failed* primary does to the secondaries: supersede them anyway (the newest
-    state failed, so the older results are moot) or release them so that they run."""
+    state failed, so the older results are moot), release them so that they run, or bisect
+    them to locate the first failing push (:mod:`coalescer.bisection`): a few of them run, the
+    others are superseded by the run whose result stands for them."""
 
     SUPERSEDE = "supersede"
     RELEASE = "release"
+    BISECT = "bisect"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +134,8 @@ class Options:
     order: Order = Order.OLDEST_FIRST
     supersede_as: SupersedeAs = SupersedeAs.AUTO
     on_primary_failure: OnPrimaryFailure = OnPrimaryFailure.SUPERSEDE
+    #: With ``bisect``: reruns that confirm a failure before the search trusts it (0: none).
+    bisect_confirm: int = 1
     route_prefix: str = "coalesce.v1"
     #: At most this many tasks (the initial one included) are claimed per task set.
     max_tasks: int = 32
@@ -250,16 +255,32 @@ def choose_primary(listed: Sequence[str], held: Sequence[str] | set[str]) -> str
 
 
 def secondary_fate(outcome: Outcome, on_failure: OnPrimaryFailure) -> str:
-    """``supersede`` or ``release`` for the secondaries, given how the primary ended.
+    """``supersede``, ``release`` or ``bisect`` for the secondaries, given how the primary
+    ended.
 
     An exception (malformed payload, internal error) produced no result that could stand for
     the older tasks, so they are always released; a failure follows ``on_failure``.
     """
     if outcome.state == "completed":
         return "supersede"
-    if outcome.state == "failed" and on_failure is OnPrimaryFailure.SUPERSEDE:
-        return "supersede"
+    if outcome.state == "failed":
+        return {OnPrimaryFailure.SUPERSEDE: "supersede", OnPrimaryFailure.BISECT: "bisect"}.get(
+            on_failure, "release"
+        )
     return "release"
+
+
+def given_back(status: Mapping[str, Any]) -> bool:
+    """Whether the task's latest run follows a run that was given back (``worker-shutdown``:
+    a worker stopped, or a worker released it rather than resolve it).
+
+    Such a task must run itself: claimed as a secondary again it could be released again, and
+    each release costs it a retry, until none is left and it ends ``exception`` without having
+    run. The queue's status cannot tell a worker's shutdown from a release after a failed
+    primary, so both count.
+    """
+    runs = status.get("runs") or []
+    return len(runs) >= 2 and runs[-2].get("reasonResolved") == "worker-shutdown"
 
 
 def reclaim_at(received: datetime, taken_until: datetime, fraction: float) -> datetime:

@@ -36,6 +36,7 @@ from coalescer.worker.protocol import (
     Resolution,
     SupersederError,
     choose_primary,
+    given_back,
     query_url,
     secondary_fate,
     superseder_url,
@@ -172,8 +173,12 @@ class Shim:
                 log.exception("running %r alone: asking the superseder broke", initial)
                 return TaskSet(initial, [initial.task_id], held, f"error: {exc!r}")
             spare = self.resolver.superseding.would_release
-            if (why := await spare(initial.task_id)) is not None:
-                # As a secondary it could only be released: claim nothing newer, so that it runs.
+            why = await spare(initial.task_id)
+            if why is None and given_back(initial.status):
+                why = "its previous run was given back: it runs itself"
+            if why is not None:
+                # As a secondary it could only be released (again): claim nothing newer, so
+                # that it runs.
                 log.info("%r supersedes no newer task: %s", initial, why)
                 listed = listed[: listed.index(initial.task_id) + 1]
             await claim_listed(

@@ -136,11 +136,11 @@ async def test_the_current_run_is_claimed_not_run_zero(
 ) -> None:
     old, retried = tasks.create(), tasks.create()
     superseder.lists["k"] = [old, retried]
-    # ``retried``'s run 0 ends with worker-shutdown: the queue adds a pending run 1.
+    # ``retried``'s run 0 ends intermittent-task: the queue adds a pending run 1.
     queue = queue_emulator.queue()
     claim = queue.claimTask(retried, "0", {"workerGroup": "wg", "workerId": "crashed"})
     queue_emulator.queue(claim["credentials"]).reportException(
-        retried, "0", {"reason": "worker-shutdown"}
+        retried, "0", {"reason": "intermittent-task"}
     )
     [work] = await claim_work(shim)
     assert work["status"]["taskId"] == old
@@ -150,6 +150,34 @@ async def test_the_current_run_is_claimed_not_run_zero(
     assert report.primary == (retried, 1)
     assert tasks.artifact(old, 0, "public/superseded-by.json") == {"taskId": retried, "runId": 1}
     assert tasks.last_run(retried)["state"] == "completed"
+
+
+async def test_a_task_given_back_is_not_claimed_as_a_secondary(
+    shim: Shim, tasks: Tasks, superseder: Superseder, queue_emulator: QueueEmulator
+) -> None:
+    """A run given back (``worker-shutdown``: a worker stopping, or releasing it after a failed
+    primary) would cost the task another retry if released again: the task runs itself."""
+    old, given, newer = tasks.create(), tasks.create(), tasks.create()
+    superseder.lists["k"] = [old, given, newer]
+    queue = queue_emulator.queue()
+    claim = queue.claimTask(given, "0", {"workerGroup": "wg", "workerId": "stopping"})
+    queue_emulator.queue(claim["credentials"]).reportException(
+        given, "0", {"reason": "worker-shutdown"}
+    )
+    [work] = await claim_work(shim)
+    report = await shim.run(work, Recorder())
+    assert report.primary == (newer, 0)
+    assert report.superseded == [(old, 0)]
+    assert tasks.status(given)["runs"][-1]["state"] == "pending"
+
+    # Claimed from the queue itself, it claims nothing newer: it runs.
+    newest = tasks.create()
+    superseder.lists["k"] = [given, newest]
+    [work] = await claim_work(shim)
+    assert work["status"]["taskId"] == given
+    report = await shim.run(work, Recorder())
+    assert report.primary == (given, 1) and report.superseded == []
+    assert tasks.status(newest)["state"] == "pending"
 
 
 async def test_a_task_alone_on_its_key_runs_without_artifacts(

@@ -361,6 +361,8 @@ class Pool:
             self.out.asked += 1
             if task.task_id not in answer:  # unusable, as the shim judges it: run alone
                 answer = [task.task_id]
+            if self.out.runs[i] > 1:  # given back before: the shim claims nothing newer
+                answer = answer[: answer.index(task.task_id) + 1]
             held = []
             for task_id in answer:
                 j = self.pos.get(task_id, -1)
@@ -385,6 +387,7 @@ class Pool:
         other = self.tasks[j]
         return (
             self.out.state[j] == State.PENDING
+            and self.out.runs[j] == 1  # one given back (released) runs itself, as the shim has it
             and other.task_queue == initial.task_queue
             and set(other.keys) == set(initial.keys)
             and other.deadline_ms > now

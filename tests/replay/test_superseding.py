@@ -94,6 +94,27 @@ def test_two_workers_claiming_one_key_at_the_same_moment_each_run_a_task_of_it()
     assert [minutes(on.left_ms[ids.index(t)]) for t in ("a", "b", "c")] == [60, 60, 60]
 
 
+def test_a_task_given_back_runs_itself_as_the_shim_has_it() -> None:
+    # c, run for a and b, is canceled at 65: its worker gives a and b back. Each then runs
+    # itself: a, claimed first, claims nothing newer, and nobody holds b as a secondary.
+    h = history(
+        task("busy", 0, 60, key=None),
+        task("a", 1, 10),
+        task("b", 2, 10),
+        task("c", 3, 10, canceled=65),
+    )
+    (on,) = run(h, Config(True))
+    assert states(h, on) == {
+        "busy": "completed",
+        "a": "completed",
+        "b": "completed",
+        "c": "withdrawn",
+    }
+    ids = [t.task_id for t in h.tasks]
+    assert [on.runs[ids.index(t)] for t in ("a", "b")] == [2, 2] and on.released == 2
+    assert [minutes(on.resolved_ms[ids.index(t)]) for t in ("a", "b")] == [75, 85]
+
+
 def test_latest_wins_supersedes_on_arrival_through_the_policy_decisions() -> None:
     h = history(*BACKLOG)
     (out,) = run(h, Config(True, strategy="latest-wins"))

@@ -63,7 +63,17 @@ def register(subparsers: Any) -> None:
         "--on-primary-failure",
         choices=[m.value for m in OnPrimaryFailure],
         default=OnPrimaryFailure.SUPERSEDE.value,
-        help="what a failed primary does to the tasks it would supersede",
+        help="what a failed primary does to the tasks it would supersede: supersede them "
+        "(default), release them so that each runs, or bisect them to locate the first failing "
+        "one (a few run, the others are superseded by the run that stands for them)",
+    )
+    p.add_argument(
+        "--bisect-confirm",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with bisect: rerun a failing task up to N times before the search trusts the "
+        "failure; a rerun that passes marks it intermittent (default 1; 0 trusts every failure)",
     )
     p.add_argument("--max-supersede", type=int, default=32, metavar="N", help="tasks per set")
     p.add_argument("--claim-concurrency", type=int, default=8, metavar="N")
@@ -99,6 +109,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be 1-38 of [a-zA-Z0-9-_]")
     if args.capacity < 1 or args.max_supersede < 1 or args.claim_concurrency < 1:
         raise ConfigError("--capacity, --max-supersede and --claim-concurrency must be >= 1")
+    if args.bisect_confirm < 0:
+        raise ConfigError("--bisect-confirm must be >= 0")
     if args.livelog_port is not None and not 0 <= args.livelog_port <= 65535:
         raise ConfigError("--livelog-port must be 0-65535")
     options = Options(
@@ -107,6 +119,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         order=Order(args.superseder_order),
         supersede_as=SupersedeAs(args.resolve_superseded_as),
         on_primary_failure=OnPrimaryFailure(args.on_primary_failure),
+        bisect_confirm=args.bisect_confirm,
         route_prefix=settings.route_prefix,
         max_tasks=args.max_supersede,
         claim_concurrency=args.claim_concurrency,

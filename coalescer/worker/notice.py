@@ -41,14 +41,46 @@ def ordinal(n: int) -> str:
     return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
 
 
-def listed_order(listed: list[str], task_id: str, primary: str) -> str | None:
-    """Where ``task_id`` and ``primary`` sit in the superseder's list (oldest first)."""
+def listed_order(
+    listed: list[str],
+    task_id: str,
+    primary: str,
+    role: str = "the newest this worker could claim",
+) -> str | None:
+    """Where ``task_id`` and ``primary`` (the task that superseded it, ``role`` saying what it
+    is) sit in the superseder's list (oldest first)."""
     if task_id not in listed or primary not in listed:
         return None
     return (
         f"{ordinal(listed.index(task_id) + 1)} of {len(listed)} tasks listed oldest first; "
-        f"{primary} is {ordinal(listed.index(primary) + 1)}, the newest this worker could claim"
+        f"{primary} is {ordinal(listed.index(primary) + 1)}, {role}"
     )
+
+
+def located(
+    primary: str,
+    held: int,
+    runs: int,
+    culprit: tuple[str, int] | None,
+    last_good: tuple[str, int] | None,
+    stand_in: str,
+) -> str:
+    """The rule of a run superseded after a bisection (``--on-primary-failure bisect``): what
+    the search found, and why ``stand_in``'s result stands for the run."""
+    if culprit is None:
+        return (
+            f"the primary {primary} failed, then passed when run again: the failure was "
+            f"intermittent, and its passing result stands for the {held} older tasks it held"
+        )
+    good = f"task {last_good[0]} run {last_good[1]}" if last_good else "none of them"
+    found = (
+        f"the primary {primary} failed; bisecting the {held} older tasks it held ({runs} more runs) "
+        f"located the first failing task, the culprit: task {culprit[0]} run {culprit[1]}; "
+        f"the last good: {good}. "
+    )
+    if stand_in == culprit[0]:
+        return found + "This task is newer than the culprit, whose failure stands for it"
+    return found + "This task is older than the last good task, whose pass stands for it"
 
 
 def service_base(url: str, routes: list[str], prefix: str) -> str | None:

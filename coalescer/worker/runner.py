@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 from taskcluster.exceptions import TaskclusterFailure
 
 from coalescer.errors import InvalidInput
@@ -173,8 +174,14 @@ class Worker:
         With a live log server, ``public/logs/live.log`` refers to the log served live while
         the command runs; at the end (also when the task is stopped before it), the log is
         uploaded as ``public/logs/live_backing.log`` and ``live.log`` refers to that instead,
-        so that it outlives this worker."""
+        so that it outlives this worker.
+
+        A run confirming a failure (``claim.attempt`` > 0, ``--on-primary-failure bisect``)
+        runs under the same claim: its log starts with the earlier attempts' log, so that the
+        uploaded log (replaced, as the queue allows for the same artifact) shows them all."""
         with TaskLog() as tlog:
+            if claim.attempt:
+                await self._earlier(claim, tlog)
             if self.livelog is None:
                 outcome = await self._logged_run(claim, supersedes, tlog)
                 await self._upload(claim, tlog)
@@ -189,6 +196,22 @@ class Worker:
                 finally:
                     tlog.finish()
                     await self._upload(claim, tlog, backing=True)
+
+    async def _earlier(self, claim: Claim, tlog: TaskLog) -> None:
+        """Copy the log of the claim's earlier attempts into ``tlog``, and say why it runs
+        again."""
+        name = LIVE_LOG if self.livelog is None else LIVE_BACKING_LOG
+        url = claim.queue.buildUrl("getArtifact", claim.task_id, str(claim.run_id), name)
+        try:
+            response = await self.shim.http.get(url, follow_redirects=True)
+            response.raise_for_status()
+            tlog.write(response.content)
+        except httpx.HTTPError as exc:
+            tlog.line(f"the log of the earlier attempts could not be fetched: {exc}")
+        tlog.line(
+            f"attempt {claim.attempt + 1} of run {claim.run_id}: running again to confirm the "
+            "failure (bisect-confirm); the result of this attempt is the run's"
+        )
 
     async def _logged_run(
         self, claim: Claim, supersedes: Sequence[Superseded], tlog: TaskLog

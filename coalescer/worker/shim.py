@@ -28,6 +28,7 @@ import httpx
 
 from coalescer.worker import notice, superseder
 from coalescer.worker.claims import Claim, Clock, Connection, Keeper, claim_listed, utcnow
+from coalescer.worker.culprit import Finding, Search
 from coalescer.worker.notice import Why
 from coalescer.worker.protocol import (
     SUPERSEDES,
@@ -95,6 +96,8 @@ class Report:
     #: ``canceled`` when the primary's claim was lost, ``shutdown`` when stopped,
     #: ``duplicate`` when another task set of this worker already held the claimed run.
     aborted: str | None = None
+    #: With ``--on-primary-failure bisect``, after a failed primary: what the search found.
+    bisection: Finding | None = None
 
 
 def _ref(claim: Claim) -> tuple[str, int]:
@@ -240,8 +243,10 @@ class Shim:
     async def _run(self, taskset: TaskSet, execute: Execute, stop: asyncio.Event | None) -> Report:
         primary = taskset.primary
         lost = asyncio.Event()
+        changed = asyncio.Event()
 
         def on_lost(claim: Claim) -> None:
+            changed.set()
             if claim is primary:
                 lost.set()
 
@@ -249,6 +254,7 @@ class Shim:
         for claim in taskset.held.values():
             keeper.keep(claim)
         view = [Superseded(c.task_id, c.run_id, c.task) for c in taskset.secondaries]
+        started = self.clock()
         job = asyncio.create_task(execute(primary, view), name=f"execute {primary!r}")
         waiters = [asyncio.create_task(lost.wait())]
         if stop is not None:
@@ -258,7 +264,33 @@ class Shim:
             await asyncio.wait([job, *waiters], return_when=asyncio.FIRST_COMPLETED)
             if job.done():
                 report.outcome = self._outcome(job, primary)
-                await self._conclude(taskset, report.outcome, report)
+                if self._bisects(taskset, report.outcome):
+
+                    def run(claim: Claim) -> Coroutine[Any, Any, Outcome]:
+                        return execute(claim, view if claim is primary else [])
+
+                    search = Search(
+                        [*taskset.secondaries, primary],
+                        report.outcome,
+                        run=run,
+                        resolver=self.resolver,
+                        clock=self.clock,
+                        confirm=self.options.bisect_confirm,
+                        longest=self.clock() - started,
+                        explain=lambda claim, by, found: self._located(taskset, claim, by, found),
+                        changed=changed,
+                        stop=stop,
+                        concurrency=self.options.claim_concurrency,
+                    )
+                    ledger = await search()
+                    report.outcome, report.aborted = ledger.outcome, ledger.aborted
+                    report.bisection = ledger.finding
+                    report.superseded += ledger.superseded
+                    report.released += ledger.released
+                    report.dropped += ledger.dropped
+                    report.resolutions.update(ledger.resolutions)
+                else:
+                    await self._conclude(taskset, report.outcome, report)
             else:
                 report.aborted = "canceled" if lost.is_set() else "shutdown"
                 log.warning("stopping %r: %s", primary, report.aborted)
@@ -309,6 +341,36 @@ class Shim:
         artifacts = [(SUPERSEDES, supersedes_json(report.superseded))] if report.superseded else []
         if not await self.resolver.resolve(primary, outcome, artifacts):
             report.aborted = "canceled"
+
+    def _bisects(self, taskset: TaskSet, outcome: Outcome) -> bool:
+        """Whether the secondaries are bisected: a failed primary, ``bisect`` configured, and
+        some secondary still held."""
+        fate = secondary_fate(outcome, self.options.on_primary_failure)
+        return fate == "bisect" and any(not c.done for c in taskset.secondaries)
+
+    def _located(self, taskset: TaskSet, claim: Claim, stand_in: Claim, found: Finding) -> Why:
+        """Why ``claim`` is superseded by ``stand_in`` after a bisection, for its log."""
+        url = superseder_url(taskset.initial.task)
+        if found.culprit is None:
+            role = "the primary, whose failure did not come back when run again"
+        elif stand_in.task_id == found.culprit[0]:
+            role = "the culprit: the first failing task"
+        else:
+            role = "the last good task"
+        return Why(
+            rule=notice.located(
+                taskset.primary.task_id,
+                found.held,
+                found.extra_runs,
+                found.culprit,
+                found.last_good,
+                stand_in.task_id,
+            ),
+            order=notice.listed_order(taskset.listed, claim.task_id, stand_in.task_id, role),
+            service=notice.service_base(
+                url, list(taskset.initial.task.get("routes") or []), self.options.route_prefix
+            ),
+        )
 
     def _why(self, taskset: TaskSet, claim: Claim) -> Why:
         """Why ``claim`` is superseded, for its log: the superseder's answer and the order."""

@@ -6,7 +6,10 @@
 2. claim each listed task's current pending run, in parallel, after checking its definition;
 3. run ``execute`` on the highest-indexed held task (the primary), keeping every claim alive;
 4. resolve each secondary as superseded, with ``public/superseded-by.json``; then give the
-   primary ``public/supersedes.json`` and its own resolution.
+   primary ``public/supersedes.json`` and its own resolution. After a failed primary, with
+   ``on_primary_failure`` ``bisect``, the secondaries are bisected first
+   (:mod:`coalescer.worker.culprit`): a few run, the others are superseded by the run that
+   stands for them.
 
 If the primary's claim is lost (canceled) or ``stop`` is set (worker shutdown), ``execute`` is
 cancelled and the held runs are released with ``worker-shutdown`` so that the queue retries

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from coalescer import cli
 from coalescer.emulator.clock import format_time
 from coalescer.emulator.harness import QueueEmulator
+from coalescer.errors import ConfigError
 from coalescer.settings import Settings
 from coalescer.worker import Claim, OnPrimaryFailure, Options, Outcome, Superseded
+from coalescer.worker import cli as worker_cli
 from coalescer.worker.protocol import COMPLETED, FAILED
 from tests.worker.support import (
     Superseder,
@@ -26,6 +29,8 @@ from tests.worker.support import (
     running,
 )
 from tests.worker.test_with_service import feed, service  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.integration
 
 
 @dataclasses.dataclass
@@ -224,9 +229,6 @@ def command_pushes(tasks: Tasks, url: str, count: int, first_bad: int, mark: Pat
     ]
 
 
-pytestmark = pytest.mark.integration
-
-
 @pytest.mark.parametrize("flaky", [False, True])
 async def test_the_reference_worker_bisects_through_the_service(
     flaky: bool,
@@ -271,3 +273,25 @@ async def test_the_reference_worker_bisects_through_the_service(
         assert log.index("exit code 1") < log.index("attempt 2") < log.index("exit code 0")
     else:
         assert found.extra_runs == 3
+
+
+def test_the_command_line_sets_bisect_and_its_confirmations(
+    monkeypatch: pytest.MonkeyPatch, settings: Settings
+) -> None:
+    chosen: list[Options] = []
+
+    async def main(args: object, tc: object, options: Options) -> None:
+        chosen.append(options)
+
+    monkeypatch.setattr(worker_cli, "_main", main)
+    monkeypatch.setenv("TASKCLUSTER_ROOT_URL", "http://queue.invalid")
+    base = ["worker", "--task-queue-id", "p/w", "--worker-group", "g", "--worker-id", "i"]
+    parser = cli.build_parser()
+    args = parser.parse_args([*base, "--on-primary-failure", "bisect", "--bisect-confirm", "0"])
+    assert worker_cli.handle(args, settings) == 0
+    [options] = chosen
+    assert options.on_primary_failure is OnPrimaryFailure.BISECT
+    assert options.bisect_confirm == 0
+    assert parser.parse_args(base).bisect_confirm == 1
+    with pytest.raises(ConfigError, match="--bisect-confirm"):
+        worker_cli.handle(parser.parse_args([*base, "--bisect-confirm", "-1"]), settings)

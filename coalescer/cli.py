@@ -73,7 +73,8 @@ def worker_app() -> Starlette:
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.web.app import create_app
-    from coalescer.web.server import bind, serve
+    from coalescer.web.connections import ConnectionLimits
+    from coalescer.web.server import bind, hold, serve
 
     host = args.host or settings.host
     port = _port(args, settings)
@@ -82,6 +83,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(
             f"{workers} worker processes need REDIS_URL: the embedded store lives in one process"
         )
+    limits = hold(
+        ConnectionLimits(
+            head_timeout=settings.head_timeout,
+            idle_timeout=settings.idle_timeout,
+            max_connections=settings.max_connections,
+        )
+    )
     sock = bind(host, port)
     bound = sock.getsockname()[1]
     log.info(
@@ -93,7 +101,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     )
     try:
         if workers == 1:
-            serve(create_app(settings), sock=sock, max_header_bytes=settings.max_header_bytes)
+            serve(
+                create_app(settings),
+                sock=sock,
+                max_header_bytes=settings.max_header_bytes,
+                limits=limits,
+            )
         else:
             os.environ[_SERVE_PID] = str(os.getpid())
             with _metrics_dir():
@@ -102,6 +115,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                     sock=sock,
                     max_header_bytes=settings.max_header_bytes,
                     workers=workers,
+                    limits=limits,
                 )
     finally:
         sock.close()

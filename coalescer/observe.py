@@ -67,6 +67,26 @@ HELD = Gauge(
     multiprocess_mode="livesum",
 )
 HTTP_ERRORS = Counter("coalescer_http_errors", "Error responses sent, by status code", ["status"])
+CONNECTIONS_SHED = Counter(
+    "coalescer_connections_shed",
+    "Client connections closed by the service, by reason (idle: no request within "
+    "COALESCER_IDLE_TIMEOUT of connecting; slow_head: a request head not complete within "
+    "COALESCER_HEAD_TIMEOUT; over_limit: the one waiting longest for its client, closed for a "
+    "new one at COALESCER_MAX_CONNECTIONS; refused: a new one at the cap while every other one "
+    "had a request in flight)",
+    ["reason"],
+)
+CONNECTIONS_OPEN = Gauge(
+    "coalescer_connections_open",
+    "Client connections open (summed over the web processes)",
+    multiprocess_mode="livesum",
+)
+CONNECTIONS_LIMIT = Gauge(
+    "coalescer_connections_limit",
+    "Client connections the web processes keep open at most (COALESCER_MAX_CONNECTIONS, or what "
+    "the file descriptor limit allows; summed over the processes)",
+    multiprocess_mode="livesum",
+)
 
 #: Names of the shared counters (``/v1/stats``) per ingest outcome.
 STAT_NAMES = {

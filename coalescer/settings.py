@@ -65,6 +65,14 @@ class Settings:
     max_body_bytes: int = 1 << 20
     #: ``COALESCER_MAX_HEADER_BYTES``: largest request head (request line and headers)
     max_header_bytes: int = 16 << 10
+    #: ``COALESCER_HEAD_TIMEOUT``: seconds a request head may take to arrive, once begun
+    head_timeout: float = 10.0
+    #: ``COALESCER_IDLE_TIMEOUT``: whole seconds a connection may wait for a request (its
+    #: first, or its next: uvicorn's keep-alive timeout)
+    idle_timeout: int = 5
+    #: ``COALESCER_MAX_CONNECTIONS``: connections a web process keeps open at most; ``None``:
+    #: 10,000, or fewer when its file descriptor limit allows fewer (coalescer.web.connections)
+    max_connections: int | None = None
     taskcluster_root_url: str | None = None
     #: ``COALESCER_PUBLIC_URL``: the service's URL as people reach it, for the links in the logs
     #: of runs the enforcer supersedes
@@ -109,7 +117,7 @@ class Settings:
             value = env.get(name)
             return value if value not in (None, "") else None
 
-        def integer(name: str, default: int, minimum: int = 0) -> int:
+        def integer(name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
             raw = get(name)
             if raw is None:
                 return default
@@ -119,6 +127,8 @@ class Settings:
                 raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
             if value < minimum:
                 raise ConfigError(f"{name} must be at least {minimum}, not {value}")
+            if maximum is not None and value > maximum:
+                raise ConfigError(f"{name} must be at most {maximum}, not {value}")
             return value
 
         def flag(name: str, default: bool) -> bool:
@@ -157,6 +167,13 @@ class Settings:
             ingest_token=Secret(token) if token else None,
             max_body_bytes=integer("COALESCER_MAX_BODY_BYTES", cls.max_body_bytes, 1024),
             max_header_bytes=integer("COALESCER_MAX_HEADER_BYTES", cls.max_header_bytes, 1024),
+            head_timeout=seconds("COALESCER_HEAD_TIMEOUT", cls.head_timeout),
+            idle_timeout=integer("COALESCER_IDLE_TIMEOUT", cls.idle_timeout, 1, 3600),
+            max_connections=(
+                integer("COALESCER_MAX_CONNECTIONS", 0, 16, 1_000_000)
+                if get("COALESCER_MAX_CONNECTIONS")
+                else None
+            ),
             taskcluster_root_url=(get("TASKCLUSTER_ROOT_URL") or "").rstrip("/") or None,
             public_url=(get("COALESCER_PUBLIC_URL") or "").rstrip("/") or None,
             learn_unknown=flag("COALESCER_LEARN_UNKNOWN", cls.learn_unknown),

@@ -17,17 +17,30 @@ comes, without the request cycle, task and ASGI messages uvicorn spends on every
 other request, and any query that needs more (bad input, a store failure, a task to learn from
 the queue), takes uvicorn's ordinary path to the same app, which answers it as always.
 
+The protocol also reports each connection to its process's :class:`~coalescer.web.connections.Gate`,
+which bounds what uvicorn does not: how long a connection may wait for a request, or take to send
+its head, and how many are open (read that module). The timers cost a query nothing: the idle
+timer is uvicorn's keep-alive timer, armed once when a connection is made, and the head timer is
+armed only when a read ends inside a request head.
+
 The CLI binds the listening socket itself (:func:`bind`), so that it can name the port it got
 when asked for any (port 0), and so that several worker processes can share it.
+
+This module subclasses uvicorn's httptools protocol and reads its attributes (``cycle``,
+``pipeline``, ``parser``, ``timeout_keep_alive_task``...): uvicorn's version is bounded above in
+pyproject.toml, to one whose protocol the tests have run against.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
+import sys
+import weakref
 from collections.abc import Iterator
 from functools import partial
 from types import FrameType
@@ -37,10 +50,15 @@ import httptools
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from coalescer.errors import CoalescerError, ConfigError
 from coalescer.observe import HTTP_ERRORS
+from coalescer.web.connections import IDLE, REFUSED, SLOW_HEAD, ConnectionLimits, Gate, plan
+
+if sys.platform != "win32":
+    import resource
 
 if TYPE_CHECKING:
     from coalescer.web.app import Answering, App
@@ -48,6 +66,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("coalescer.web")
 
 _TOO_LARGE = 431
+_TIMEOUT = 408
+#: The gate of each server (one per process), created by its first connection.
+_gates: weakref.WeakKeyDictionary[ServerState, Gate] = weakref.WeakKeyDictionary()
 
 
 class BindError(CoalescerError):
@@ -124,9 +145,19 @@ def _fast_app(app: Any) -> App | None:
     return None
 
 
+class Config(uvicorn.Config):
+    """uvicorn's configuration, with the limits of :mod:`coalescer.web.connections` (pickled
+    with it to each worker process)."""
+
+    def __init__(self, *args: Any, connection_limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.connection_limits = connection_limits
+
+
 class HeadLimitedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, refusing a request whose head (request line and headers)
-    is larger than ``config.h11_max_incomplete_event_size`` bytes."""
+    is larger than ``config.h11_max_incomplete_event_size`` bytes, and reporting to its
+    process's :class:`~coalescer.web.connections.Gate`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -136,16 +167,91 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         self._in_head = True  # between requests, or reading one's head
         self._head_bytes = 0  # counted while in a head; body bytes are not
         self._heads_done = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        gate = _gates.get(self.server_state)
+        if gate is None:
+            limits = getattr(self.config, "connection_limits", None) or ConnectionLimits()
+            gate = _gates[self.server_state] = Gate(limits, self.loop)
+        self._gate = gate
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = cast(asyncio.Transport, OneWrite(transport))
         self._fast = _fast_app(self.app) if self.limit_concurrency is None else None
         self._defaults: tuple[object, bytes] = (None, b"")
+        if not self._gate.admit(self):
+            self.transport.close()
+            self._gate.closed(REFUSED, self._peer())
+            return
+        # No request yet: uvicorn's keep-alive timer, which any byte received cancels.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self._gate.limits.idle_timeout, self._idle
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._gate.forget(self)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if self.timeout_keep_alive_task is not None:  # left by uvicorn after an error
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+
+    def handle_websocket_upgrade(self) -> None:
+        # The connection goes to uvicorn's WebSocket protocol (which the app refuses: it has no
+        # WebSocket route), and out of the gate.
+        self._gate.forget(self)
+        super().handle_websocket_upgrade()
+
+    def waiting(self) -> bool:
+        """Open, and waiting for its client: idle, or reading a request head (for the gate)."""
+        cycle = self.cycle
+        return (
+            self._in_head
+            and (cycle is None or cycle.response_complete)
+            and not self.pipeline
+            and not self.transport.is_closing()
+        )
+
+    def shed(self) -> str:
+        """Close the connection for the gate; its client's address."""
+        self.transport.close()
+        return self._peer()
+
+    def _peer(self) -> str:
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+
+    def _idle(self) -> None:
+        """No request came within the idle timeout of the connection being made."""
+        self.timeout_keep_alive_task = None
+        if not self.transport.is_closing():
+            self.transport.close()
+            self._gate.closed(IDLE, self._peer())
+
+    def _slow_head(self) -> None:
+        """The request head begun is not complete within the head timeout."""
+        self._head_timer = None
+        if self.transport.is_closing() or not self.waiting():
+            return
+        message = f"request head not complete within {self._gate.limits.head_timeout:g} s\n"
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\n"
+            b"content-type: text/plain; charset=utf-8\r\n"
+            b"content-length: " + str(len(message)).encode() + b"\r\n"
+            b"connection: close\r\n\r\n" + message.encode()
+        )
+        self.transport.close()
+        HTTP_ERRORS.labels(str(_TIMEOUT)).inc()
+        self._gate.closed(SLOW_HEAD, self._peer())
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._heads_done += 1
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        self._gate.touch(self)
         if self._fast is not None and self._answer_soon(self._fast):
             return
         super().on_headers_complete()
@@ -242,13 +348,16 @@ class HeadLimitedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         # Bytes that arrive after a body are counted from the next read on (pipelining): at
-        # most one read's worth of a head goes uncounted.
+        # most one read's worth of a head goes uncounted, and its timer starts with the next.
         if self._in_head:
             self._head_bytes += len(data)
             if self._head_bytes > self._limit:
                 self._over_limit(data)
                 return
         super().data_received(data)
+        if self._in_head and self._head_bytes and self._head_timer is None and self.waiting():
+            # A read ended inside a head (a head that comes whole never gets here).
+            self._head_timer = self.loop.call_later(self._gate.limits.head_timeout, self._slow_head)
 
     def _over_limit(self, data: bytes) -> None:
         """Refuse, unless the head ends within what fits and the rest is a body."""
@@ -331,16 +440,50 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def hold(limits: ConnectionLimits) -> ConnectionLimits:
+    """``limits`` with the cap on connections (``max_connections`` ``None``: as many as the
+    process's file descriptor limit allows, up to a default) and the accept backlog of
+    :func:`~coalescer.web.connections.plan`, whose :class:`ConfigError` this raises; the soft
+    limit of open files is raised when the cap needs it and the hard limit allows."""
+    if sys.platform == "win32":  # no limit of open files to keep under
+        soft = hard = unlimited = -1
+    else:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        unlimited = resource.RLIM_INFINITY
+    held = plan(limits.max_connections, soft, hard, unlimited=unlimited)
+    if held.files != soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (held.files, hard))
+    return dataclasses.replace(limits, max_connections=held.max_connections, backlog=held.backlog)
+
+
 def serve(
-    app: ASGIApp | str, *, sock: socket.socket, max_header_bytes: int, workers: int = 1
+    app: ASGIApp | str,
+    *,
+    sock: socket.socket,
+    max_header_bytes: int,
+    workers: int = 1,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """Serve ``app`` on ``sock`` until a signal stops it: in this process, or with ``workers``
     > 1 in that many worker processes (``app`` then names a factory, ``module:function``, that
-    each process calls), which share the socket, restarted by uvicorn if one dies."""
-    config = uvicorn.Config(
+    each process calls), which share the socket, restarted by uvicorn if one dies. Each process
+    keeps to ``limits`` (:func:`hold` unless their cap is set)."""
+    if limits is None or limits.max_connections is None:
+        limits = hold(limits or ConnectionLimits())
+    log.info(
+        "at most %d connections per process; each closed after %d s without a request, or "
+        "%g s into a request head not yet complete",
+        limits.max_connections,
+        limits.idle_timeout,
+        limits.head_timeout,
+    )
+    config = Config(
         app,
         http=HeadLimitedProtocol,
         h11_max_incomplete_event_size=max_header_bytes,
+        timeout_keep_alive=limits.idle_timeout,
+        backlog=limits.backlog,
+        connection_limits=limits,
         log_level="warning",
         access_log=False,
         proxy_headers=True,

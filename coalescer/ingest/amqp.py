@@ -5,15 +5,22 @@ task, queue hop or message object per frame. That is what lets one process take 
 thousands of messages a second (aio-pika and aiormq, which :mod:`~coalescer.ingest.topology`
 uses to declare, spend several times more per delivery). A :class:`Session` never reconnects:
 when it closes, :attr:`Session.closed` says why, and the consumer opens a new one.
+
+Whatever fails while writing to a connection ends its session, whatever the error: a dying
+connection does not always fail with pika's own errors. Under uvloop, an error on the socket
+(the broker's side reset) can close the loop's watch of it without telling pika, which then
+takes the connection for open: it never reads from it again, and its next write raises
+``RuntimeError``. Such a session is given up at once, without waiting for a goodbye the broker
+will never send; the heartbeat (:data:`DEFAULT_HEARTBEAT`) finds a connection that dies
+silently.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -29,6 +36,19 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT = 5.0
 #: What pika raises or reports when a connection or channel is gone or refused.
 Error = pika.exceptions.AMQPError
+#: The AMQP heartbeat, in seconds, when ``PULSE_URL`` names none (``?heartbeat=N``; 0 turns it
+#: off). A connection that carries nothing, heartbeats included, is closed by pika after
+#: ``heartbeat + 5`` to ``2 * (heartbeat + 5)`` seconds, and by RabbitMQ after two to three
+#: heartbeats, which gives back what it had delivered on it: a broker that vanished, or a
+#: connection left half-open, is found within 30 s, and what was delivered on it is delivered
+#: again. (Brokers propose 60 s: three minutes.)
+DEFAULT_HEARTBEAT = 10
+
+
+def heartbeat(url: str) -> int:
+    """The AMQP heartbeat for ``url``: its ``?heartbeat=N``, else :data:`DEFAULT_HEARTBEAT`."""
+    given = parse_qs(urlsplit(url).query).get("heartbeat")
+    return int(given[0]) if given else DEFAULT_HEARTBEAT
 
 
 class Unavailable(Exception):
@@ -38,21 +58,34 @@ class Unavailable(Exception):
 class Delivery:
     """A message as delivered: what the consumer needs of it, and where to settle it."""
 
-    __slots__ = ("body", "channel", "exchange", "headers", "routing_key", "tag")
+    __slots__ = ("body", "exchange", "headers", "routing_key", "session", "tag")
 
     def __init__(
         self,
-        channel: pika.channel.Channel,
+        session: Session,
         method: pika.spec.Basic.Deliver,
         properties: pika.spec.BasicProperties,
         body: bytes,
     ) -> None:
-        self.channel = channel
+        self.session = session
         self.tag: int = method.delivery_tag
         self.exchange: str = method.exchange or ""
         self.routing_key: str = method.routing_key or ""
         self.headers: dict[str, Any] | None = properties.headers
         self.body = body
+
+    def ack(self, *, multiple: bool = False) -> None:
+        """Acknowledge this delivery (with ``multiple``, every earlier one of its session too);
+        :class:`Unavailable` when its session is over (the broker delivers them again)."""
+        channel = self.session.channel
+        assert channel is not None
+        self.session.send(channel.basic_ack, self.tag, multiple=multiple)
+
+    def reject(self) -> None:
+        """Reject this delivery without requeueing it: to the queue's dead-letter exchange."""
+        channel = self.session.channel
+        assert channel is not None
+        self.session.send(channel.basic_reject, self.tag, requeue=False)
 
 
 def parameters(url: str, name: str) -> pika.ConnectionParameters:
@@ -66,9 +99,6 @@ def parameters(url: str, name: str) -> pika.ConnectionParameters:
         cafile = query.get("cafile", [None])[0]
         ssl_options = pika.SSLOptions(ssl.create_default_context(cafile=cafile), parts.hostname)
     vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
-    options: dict[str, Any] = {}
-    if "heartbeat" in query:
-        options["heartbeat"] = int(query["heartbeat"][0])
     return pika.ConnectionParameters(
         host=parts.hostname or "localhost",
         port=parts.port or (5671 if tls else 5672),
@@ -81,7 +111,7 @@ def parameters(url: str, name: str) -> pika.ConnectionParameters:
         connection_attempts=1,
         socket_timeout=10,
         stack_timeout=15,
-        **options,
+        heartbeat=heartbeat(url),
     )
 
 
@@ -97,6 +127,7 @@ class Session:
         self._ended: asyncio.Future[None] = loop.create_future()
         self._loop = loop
         self._waiting: set[asyncio.Future[Any]] = set()
+        self._broken = False  # a write failed: the broker will never confirm a close
 
     @classmethod
     async def open(cls, url: str, *, name: str, prefetch: int) -> Session:
@@ -129,7 +160,7 @@ class Session:
         try:
             await opened
             channel_opened: asyncio.Future[pika.channel.Channel] = session._expect()
-            connection.channel(on_open_callback=lambda c: _resolve(channel_opened, c))
+            session.send(connection.channel, on_open_callback=lambda c: _resolve(channel_opened, c))
             session.channel = await channel_opened
             session.channel.add_on_close_callback(lambda _, exc: session._lost(exc))
             session.channel.add_on_cancel_callback(
@@ -160,27 +191,48 @@ class Session:
             properties: pika.spec.BasicProperties,
             body: bytes,
         ) -> None:
-            deliver(Delivery(channel, method, properties, body))
+            deliver(Delivery(self, method, properties, body))
 
         consumed: asyncio.Future[Any] = self._expect()
-        with _refused():
-            tag: str = self._channel.basic_consume(
-                queue, on_message, callback=lambda frame: _resolve(consumed, frame)
-            )
+        tag: str = self.send(
+            self._channel.basic_consume,
+            queue,
+            on_message,
+            callback=lambda frame: _resolve(consumed, frame),
+        )
         await consumed
         return tag
 
     async def cancel(self, tag: str) -> None:
         await self._call(self._channel.basic_cancel, tag)
 
+    def send(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call a pika method that writes to the connection. Whatever it raises ends the
+        session (see the module's docstring) and is raised as :class:`Unavailable`."""
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            if not isinstance(exc, Error):  # not pika's word for a closed channel: a dead socket
+                self._broken = True
+            self._lost(exc)
+            raise Unavailable(reason(exc)) from exc
+
     def close(self) -> None:
         """Close the connection (what is unacknowledged goes back to the queue)."""
-        if not (self.connection.is_closing or self.connection.is_closed):
+        if self.connection.is_closing or self.connection.is_closed:
+            return
+        try:
             self.connection.close()
+        except Exception as exc:  # the socket is gone already: nothing to say goodbye on
+            self._broken = True
+            log.debug("closing the connection failed (%s)", reason(exc))
 
     async def wait_closed(self) -> None:
-        """:meth:`close`, and wait (a few seconds at most) for the broker to confirm."""
+        """:meth:`close`, and wait (a few seconds at most) for the broker to confirm, unless the
+        connection is known to be dead (the broker has dropped it, or drops it by heartbeat)."""
         self.close()
+        if self._broken:
+            return
         try:
             await asyncio.wait_for(asyncio.shield(self._ended), CLOSE_TIMEOUT)
         except TimeoutError:
@@ -195,7 +247,7 @@ class Session:
 
     def _expect(self) -> asyncio.Future[Any]:
         if self.closed.done():
-            raise Unavailable(f"the connection is closed ({self.closed.result()})")
+            raise Unavailable(f"the connection is closed ({reason(self.closed.result())})")
         future: asyncio.Future[Any] = self._loop.create_future()
         self._waiting.add(future)
         future.add_done_callback(self._waiting.discard)
@@ -203,27 +255,24 @@ class Session:
 
     async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         reply = self._expect()
-        with _refused():
-            method(*args, callback=lambda frame: _resolve(reply, frame), **kwargs)
+        self.send(method, *args, callback=lambda frame: _resolve(reply, frame), **kwargs)
         return await reply
 
     def _lost(self, exc: BaseException) -> None:
         for future in list(self._waiting):
             if not future.done():
-                future.set_exception(Unavailable(str(exc) or type(exc).__name__))
+                future.set_exception(Unavailable(reason(exc)))
         if not self.closed.done():
             self.closed.set_result(exc)
-        if not (self.connection.is_closing or self.connection.is_closed):
-            self.connection.close()  # a channel closed by the broker: start afresh
+        self.close()  # a channel closed by the broker, or a dead socket: start afresh
 
 
-@contextlib.contextmanager
-def _refused() -> Iterator[None]:
-    # A channel or connection that closed between two replies: the session is over.
-    try:
-        yield
-    except Error as exc:
-        raise Unavailable(str(exc) or type(exc).__name__) from exc
+def reason(exc: BaseException) -> str:
+    """Why a session ended, in a few words: pika's errors say what closed; others need their
+    type to make sense (``RuntimeError: unable to perform operation on <UVPoll closed=True>``)."""
+    if isinstance(exc, Error):
+        return str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from coalescer.errors import ConfigError, InvalidInput, StoreUnavailable
+from coalescer.errors import CoalescerError, ConfigError, InvalidInput, StoreUnavailable
 from coalescer.model import check_task_id
 from coalescer.settings import Settings
 
@@ -198,7 +198,19 @@ def _stop_event() -> asyncio.Event:
 def _listen(args: argparse.Namespace, settings: Settings) -> int:
     _need(settings, "pulse")
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(_listen_async(args, settings))
+        try:
+            return runner.run(_listen_async(args, settings))
+        except CoalescerError:
+            raise  # a one-line message and its exit code (coalescer.cli)
+        except Exception:
+            # A bug, not a fault of the broker or the store (those are retried): said in the
+            # log, as every other line, before the process exits for its supervisor to restart.
+            log.critical(
+                "listen stopped on an unexpected error; what it had not acknowledged is "
+                "delivered again after a restart",
+                exc_info=True,
+            )
+            return 1
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

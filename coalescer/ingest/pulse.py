@@ -186,7 +186,7 @@ class Consumer:
                     log.warning(
                         "lost the connection to %s (%s); reconnecting",
                         redact_url(self.url),
-                        closed.result() or "closed",
+                        amqp.reason(closed.result()),
                     )
                     await self.session.wait_closed()
                     self.session = None
@@ -390,20 +390,21 @@ class Consumer:
 
     async def _settle(self, batch: Sequence[Delivery], outcomes: Sequence[str]) -> None:
         """Reject what is set aside, one by one, then ack the rest with one ``multiple`` ack per
-        channel: it covers every earlier delivery, and those are all settled by now."""
+        session: it covers every earlier delivery, and those are all settled by now. A delivery
+        of a session that is over is delivered again by the broker, which changes nothing."""
         last: dict[int, Delivery] = {}
         for delivery, outcome in zip(batch, outcomes, strict=True):
             if outcome in SET_ASIDE:
                 try:  # to the dead-letter exchange
-                    delivery.channel.basic_reject(delivery.tag, requeue=False)
-                except amqp.Error as exc:
+                    delivery.reject()
+                except amqp.Unavailable as exc:
                     _unsettled(exc)
             else:
-                last[id(delivery.channel)] = delivery
+                last[id(delivery.session)] = delivery
         for delivery in last.values():
             try:
-                delivery.channel.basic_ack(delivery.tag, multiple=True)
-            except amqp.Error as exc:
+                delivery.ack(multiple=True)
+            except amqp.Unavailable as exc:
                 _unsettled(exc)
 
 
@@ -418,10 +419,11 @@ class _Decoded(NamedTuple):
     slots: list[int]
 
 
-def _unsettled(exc: Exception) -> None:
-    # The channel a delivery came on is gone: the broker delivers it again, and applying an
-    # event again changes nothing.
-    log.info("could not settle a delivery (%s); it will be redelivered", type(exc).__name__)
+def _unsettled(exc: amqp.Unavailable) -> None:
+    # The session a delivery came on is over (and, if it had not closed yet, now ends, so the
+    # consumer reconnects): the broker delivers it again, and applying an event again changes
+    # nothing.
+    log.info("could not settle a delivery (%s); it will be redelivered", exc)
 
 
 class Listener:

@@ -6,7 +6,7 @@ Pulse's rule that a user may only declare ``queue/<user>/…`` and ``exchange/<u
 :func:`prepare` runs on a plain connection: errors that no retry can fix (credentials,
 permissions, a queue that exists with other arguments, missing exchanges) become
 :class:`ConfigError` with a message that says what to do, instead of a robust connection retrying
-them forever. A broker that is not up yet is waited for.
+them forever. A broker that is not up yet, or a connection that drops, is waited for.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import taskcluster
 from aio_pika.abc import AbstractConnection
 
 from coalescer.errors import ConfigError
+from coalescer.ingest import amqp
 from coalescer.settings import redact_url
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,15 @@ def queue_arguments(queue: str, max_length: int) -> dict[str, Any]:
     }
 
 
+#: What a connection that drops while declaring raises: it is opened again.
+_LOST = (
+    aiormq.exceptions.AMQPConnectionError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
 async def prepare(
     url: str,
     queue: str,
@@ -81,10 +91,42 @@ async def prepare(
     stop: asyncio.Event,
 ) -> bool:
     """Check (or create) the exchanges; declare the dead-letter exchange and queue, and the
-    queue. Returns ``False`` when ``stop`` was set while waiting for the broker."""
-    connection = await _connect(url, connection_name, stop)
-    if connection is None:
-        return False
+    queue. A broker that is not up yet, or a connection that drops meanwhile, is waited for and
+    tried again. Returns ``False`` when ``stop`` was set while waiting for the broker."""
+    delay = 1.0
+    while True:
+        connection = await _connect(url, connection_name, stop)
+        if connection is None:
+            return False
+        try:
+            await _declare(connection, url, queue, exchanges, max_length, declare_exchanges)
+            return True
+        except _LOST as exc:
+            log.warning(
+                "lost the connection to %s while declaring %s (%s); retrying in %.0f s",
+                redact_url(url),
+                queue,
+                str(exc) or type(exc).__name__,
+                delay,
+            )
+        finally:
+            with contextlib.suppress(*_LOST):
+                await connection.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            return False
+        delay = min(delay * 2, 30.0)
+
+
+async def _declare(
+    connection: AbstractConnection,
+    url: str,
+    queue: str,
+    exchanges: Sequence[tuple[str, str]],
+    max_length: int,
+    declare_exchanges: bool,
+) -> None:
     dead_exchange, dead_queue = dead_letter_names(queue)
     try:
         for exchange, _ in exchanges:
@@ -109,9 +151,6 @@ async def prepare(
             f"the broker refused to declare {queue!r} or {dead_exchange!r} ({exc}); "
             "on Pulse, PULSE_QUEUE must start with queue/<user>/"
         ) from exc
-    finally:
-        await connection.close()
-    return True
 
 
 def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
@@ -129,8 +168,12 @@ async def _connect(url: str, name: str, stop: asyncio.Event) -> AbstractConnecti
     delay = 1.0
     while not stop.is_set():
         try:
+            # The same heartbeat as the consumer's connection (aio-pika's default is 60 s).
             return await aio_pika.connect(
-                url, client_properties={"connection_name": name + " (setup)"}, timeout=10
+                url,
+                client_properties={"connection_name": name + " (setup)"},
+                timeout=10,
+                heartbeat=amqp.heartbeat(url),
             )
         except (
             aiormq.exceptions.AuthenticationError,

@@ -1,12 +1,15 @@
-"""How ``listen`` reads ``PULSE_URL`` for its AMQP connection: as aio-pika reads it at start."""
+"""How ``listen`` reads ``PULSE_URL`` for its AMQP connection: as aio-pika reads it at start;
+and how a session ends when its connection dies."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 
 import pika
+import pytest
 
-from coalescer.ingest.amqp import parameters
+from coalescer.ingest.amqp import DEFAULT_HEARTBEAT, Session, Unavailable, heartbeat, parameters
 
 
 def test_an_amqp_url_gives_host_port_vhost_credentials_and_the_connection_name() -> None:
@@ -32,3 +35,36 @@ def test_amqps_verifies_the_certificate_against_the_hostname() -> None:
     assert p.ssl_options.server_hostname == "pulse.example"
     context = p.ssl_options.context
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+
+
+def test_the_heartbeat_finds_a_dead_connection_within_a_minute_unless_the_url_names_one() -> None:
+    assert heartbeat("amqp://localhost/") == DEFAULT_HEARTBEAT
+    assert parameters("amqp://localhost/", "n").heartbeat == DEFAULT_HEARTBEAT
+    # pika closes a silent connection within two checks, heartbeat + 5 s apart; RabbitMQ
+    # within three heartbeats, and only then gives back what it had delivered on it.
+    assert 2 * (DEFAULT_HEARTBEAT + 5) < 60 and 3 * DEFAULT_HEARTBEAT < 60
+    assert parameters("amqp://localhost/?heartbeat=5", "n").heartbeat == 5
+    assert heartbeat("amqps://u:p@h/v?cafile=/ca.pem&heartbeat=0") == 0  # 0: no heartbeat
+
+
+class _DeadSocket:
+    """A pika connection whose socket is gone without pika knowing: every write raises (as
+    uvloop does once it stopped watching the socket)."""
+
+    is_closing = is_closed = False
+
+    def close(self) -> None:
+        raise RuntimeError("unable to perform operation on <UVPoll closed=True>; closed")
+
+
+def _ack() -> None:
+    raise RuntimeError("unable to perform operation on <UVPoll closed=True>; closed")
+
+
+async def test_a_write_that_fails_with_any_error_ends_the_session_at_once() -> None:
+    session = Session(_DeadSocket(), asyncio.get_running_loop())  # type: ignore[arg-type]
+    with pytest.raises(Unavailable, match="RuntimeError: unable to perform"):
+        session.send(_ack)
+    assert session.closed.done() and isinstance(session.closed.result(), RuntimeError)
+    # No goodbye to wait for on a dead socket: closing returns at once.
+    await asyncio.wait_for(session.wait_closed(), 0.5)

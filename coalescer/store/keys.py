@@ -31,6 +31,9 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 * ``co:{K}:vn`` hash   victim taskId → ``run|how|why``: how the enforcer ended that run
   (``completed``, ``exception/superseded``, ``canceled``, ``released``) and why;
 * ``co:{K}:lease``     string: the enforcer working on the key, with a TTL.
+* ``co:{K}:b`` hash    primary taskId → a bisection's finding (JSON), ``n:<primary>`` → the
+  taskIds it names, and ``t:<taskId>`` → primary for each of them; ``co:{K}:bt`` zset primaries by when the finding
+  was located, to keep the newest (see ``coalescer/store/bisections.py`` and ``bisect.lua``).
 * ``co:{K}:hist`` hash  the key's history ring for its page's charts (pending tasks over time;
   see ``coalescer/history.py`` and ``history.lua``): fixed size, expires with the retention.
 
@@ -109,3 +112,9 @@ def history(key: str) -> str:
 
 def lease(key: str) -> str:
     return f"co:{{{key}}}:lease"
+
+
+def bisections(key: str) -> tuple[str, str]:
+    """``(b, bt)`` for coalescing key ``key``: bisection findings and their times."""
+    tag = f"co:{{{key}}}:"
+    return (tag + "b", tag + "bt")

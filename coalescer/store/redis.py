@@ -55,6 +55,7 @@ _SCRIPTS = (
     "list",
     "unlist",
     "history",
+    "bisect",
 )
 #: How many resolutions and answers each key remembers for the pages.
 LOG_LENGTH = 50

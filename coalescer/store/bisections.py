@@ -1,0 +1,98 @@
+"""Bisections the superseding side ran when a primary failed: which held push was the first to
+fail (the culprit), which was the last good one, and every run the search took. Recorded per
+coalescing key by whoever ran the search (the enforcer directly; a worker through
+``POST /v1/bisections``), read by the API, the pages and the metrics.
+
+A finding is a JSON object (camelCase, as the HTTP API answers it)::
+
+    {"key": K, "by": "worker g/w",
+     "primary": {"taskId", "runId"}, "held": 8,
+     "culprit": {"taskId", "runId"} | null, "lastGood": {"taskId", "runId"} | null,
+     "runs": [{"taskId", "runId", "attempt", "passed": bool, "ended": ISO 8601}],
+     "intermittent": [{"taskId", "runId"}],
+     "standsFor": [{"taskId", "runId", "by": {"taskId", "runId"}}],
+     "extraRuns": 4, "located": ISO 8601,
+     "tasks": [every taskId named above]}
+
+``tasks`` is what :func:`for_task` looks findings up by. Writes are one ``bisect.lua`` call
+(atomic, idempotent: the same finding again changes nothing); at most :data:`KEEP` findings per
+key are kept, for :data:`TTL_MS` after the newest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from coalescer.store import keys
+from coalescer.store.base import Pipelining
+
+#: Findings kept per key (the newest).
+KEEP = 200
+#: How long a key's findings are kept after its newest one.
+TTL_MS = 30 * 24 * 3600 * 1000
+
+
+def named_tasks(finding: Mapping[str, Any]) -> list[str]:
+    """Every taskId a finding names, in a stable order without repeats."""
+    refs: list[Any] = [finding.get("primary"), finding.get("culprit"), finding.get("lastGood")]
+    refs += list(finding.get("runs") or []) + list(finding.get("intermittent") or [])
+    for stand in finding.get("standsFor") or []:
+        refs += [stand, stand.get("by")]
+    seen: dict[str, None] = {}
+    for ref in refs:
+        if isinstance(ref, Mapping) and isinstance(ref.get("taskId"), str):
+            seen[ref["taskId"]] = None
+    return list(seen)
+
+
+async def record(store: Pipelining, finding: Mapping[str, Any], located_ms: int) -> None:
+    """Record ``finding`` (see the module docstring) under its ``key``."""
+    tasks = named_tasks(finding)
+    body = orjson.dumps({**finding, "tasks": tasks})
+    primary = finding["primary"]["taskId"]
+    await store._pipeline(
+        lambda pipe: store._eval(
+            pipe,
+            "bisect",
+            keys.bisections(finding["key"]),
+            primary,
+            located_ms,
+            body,
+            TTL_MS,
+            KEEP,
+            *tasks,
+        )
+    )
+
+
+async def for_task(store: Pipelining, names: Sequence[str], task_id: str) -> list[dict[str, Any]]:
+    """The findings that name ``task_id`` under the keys ``names`` (one round trip)."""
+    if not names:
+        return []
+    (*primaries,) = await store._pipeline(
+        lambda pipe: [pipe.hget(keys.bisections(k)[0], "t:" + task_id) for k in names]
+    )
+    wanted = [(k, _text(p)) for k, p in zip(names, primaries, strict=True) if p is not None]
+    if not wanted:
+        return []
+    raw = await store._pipeline(
+        lambda pipe: [pipe.hget(keys.bisections(k)[0], p) for k, p in wanted]
+    )
+    return [orjson.loads(r) for r in raw if r is not None]
+
+
+async def recent(store: Pipelining, key: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The key's newest findings, newest first."""
+    b, bt = keys.bisections(key)
+    (primaries,) = await store._pipeline(lambda pipe: pipe.zrevrange(bt, 0, limit - 1))
+    if not primaries:
+        return []
+    raw = await store._pipeline(lambda pipe: [pipe.hget(b, _text(p)) for p in primaries])
+    return [orjson.loads(r) for r in raw if r is not None]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

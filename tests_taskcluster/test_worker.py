@@ -11,7 +11,7 @@ import datetime
 import pytest
 import taskcluster
 
-from tests_taskcluster.support import RESOLVED, Loop, RealQueue, Run, in_thread
+from tests_taskcluster.support import RESOLVED, WITHIN, Loop, RealQueue, Run, in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -31,17 +31,7 @@ async def test_the_worker_runs_the_newest_task_and_cancels_the_others(
     dependent = queue.create("other", dependencies=[ids[1]])
 
     await loop.eventually(lambda: _pending_are(loop, "build.linux", ids), "the five tasks indexed")
-    loop.procs.start(
-        "worker", "worker",
-        "--task-queue-id", run.task_queue_id,
-        "--worker-group", "coalescer-rt",
-        "--worker-id", f"w-{run.uid}",
-        "--superseder-allow", f"{service}/",
-    )  # fmt: skip
-    await loop.eventually(
-        lambda: in_thread(lambda: all(queue.state(t) in RESOLVED for t in ids)),
-        "every task resolved",
-    )
+    await run_worker_until_resolved(loop, queue, run, service, ids)
 
     primary = queue.status(ids[-1])
     assert [r["reasonResolved"] for r in primary["runs"]] == ["completed"]
@@ -106,17 +96,7 @@ async def test_a_worker_that_may_not_cancel_lets_each_task_run_itself(
         TASKCLUSTER_ACCESS_TOKEN=temporary["accessToken"],
         TASKCLUSTER_CERTIFICATE=temporary["certificate"],
     )
-    loop.procs.start(
-        "worker", "worker",
-        "--task-queue-id", run.task_queue_id,
-        "--worker-group", "coalescer-rt",
-        "--worker-id", f"w-{run.uid}",
-        "--superseder-allow", f"{service}/",
-    )  # fmt: skip
-    await loop.eventually(
-        lambda: in_thread(lambda: all(queue.state(t) in RESOLVED for t in ids)),
-        "every task resolved",
-    )
+    await run_worker_until_resolved(loop, queue, run, service, ids)
     for task_id in ids:
         runs = queue.status(task_id)["runs"]
         # Each ran itself, after at most one release.
@@ -130,6 +110,25 @@ async def test_a_worker_that_may_not_cancel_lets_each_task_run_itself(
             text = queue.artifact(task_id, released["runId"], BACKING)
             assert "will run again" in text and "may not cancel" in text
     assert any(len(queue.status(t)["runs"]) == 2 for t in ids)  # one release happened at least
+
+
+async def run_worker_until_resolved(
+    loop: Loop, queue: RealQueue, run: Run, service: str, ids: list[str], within: float = WITHIN
+) -> None:
+    """Start ``coalescer worker`` on the run's task queue, following ``service``, and wait
+    until every task of ``ids`` is resolved."""
+    loop.procs.start(
+        "worker", "worker",
+        "--task-queue-id", run.task_queue_id,
+        "--worker-group", "coalescer-rt",
+        "--worker-id", f"w-{run.uid}",
+        "--superseder-allow", f"{service}/",
+    )  # fmt: skip
+    await loop.eventually(
+        lambda: in_thread(lambda: all(queue.state(t) in RESOLVED for t in ids)),
+        "every task resolved",
+        within=within,
+    )
 
 
 async def _empty(loop: Loop) -> bool:
@@ -156,18 +155,7 @@ async def test_held_claims_outlive_the_claim_timeout(
         for _ in range(3)
     ]
     await loop.eventually(lambda: _pending_are(loop, "long", ids), "the three tasks indexed")
-    loop.procs.start(
-        "worker", "worker",
-        "--task-queue-id", run.task_queue_id,
-        "--worker-group", "coalescer-rt",
-        "--worker-id", f"w-{run.uid}",
-        "--superseder-allow", f"{service}/",
-    )  # fmt: skip
-    await loop.eventually(
-        lambda: in_thread(lambda: all(queue.state(t) in RESOLVED for t in ids)),
-        "every task resolved",
-        within=timeout + 90,
-    )
+    await run_worker_until_resolved(loop, queue, run, service, ids, within=timeout + 90)
     assert f"ran {ids[-1]}" in queue.artifact(ids[-1], 0, "public/logs/live.log")
     for task_id in ids:
         [only] = queue.status(task_id)["runs"]  # no claim expired: nothing was retried

@@ -18,8 +18,8 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -88,6 +88,19 @@ CONNECTIONS_LIMIT = Gauge(
     multiprocess_mode="livesum",
 )
 
+CULPRITS_LOCATED = Counter(
+    "coalescer_culprits_located",
+    "Bisections after a failed primary that located a culprit (the first failing push), by "
+    "source (http: reported by a worker to POST /v1/bisections; enforcer)",
+    ["source"],
+)
+BISECTION_EXTRA_RUNS = Counter(
+    "coalescer_bisection_extra_runs",
+    "Runs bisections took beyond the failed primary's first run (confirmations included), by "
+    "source (http, enforcer)",
+    ["source"],
+)
+
 #: Names of the shared counters (``/v1/stats``) per ingest outcome.
 STAT_NAMES = {
     "applied": "events_applied",
@@ -110,6 +123,17 @@ def exchange_label(exchange: str) -> str:
     """``exchange/taskcluster-queue/v1/task-pending`` → ``task-pending``; else ``other``."""
     name = exchange.rsplit("/", 1)[-1]
     return name if name in EXCHANGES else "other"
+
+
+def bisection_recorded(finding: Mapping[str, Any], source: str = "enforcer") -> None:
+    """Count a bisection's ``finding`` (the shape of :mod:`coalescer.store.bisections`) once
+    it is recorded: whoever records one (``POST /v1/bisections``, the enforcer) calls this, so
+    that every finding is counted the same way. ``source`` is ``http`` or ``enforcer``."""
+    if finding.get("culprit") is not None:
+        CULPRITS_LOCATED.labels(source).inc()
+    extra = finding.get("extraRuns")
+    if isinstance(extra, int) and extra > 0:
+        BISECTION_EXTRA_RUNS.labels(source).inc(extra)
 
 
 class Observer:

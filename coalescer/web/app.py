@@ -31,7 +31,7 @@ from coalescer.logs import Throttled
 from coalescer.observe import HTTP_ERRORS, STORE_ERRORS, Observer, exposition
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
-from coalescer.web import api, lineage, pages, tracing
+from coalescer.web import api, bisections, lineage, pages, tracing
 from coalescer.web.ingest import post_events
 from coalescer.web.openapi import openapi
 from coalescer.web.responses import error, wants_html
@@ -300,6 +300,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         _traced("/v1/docker-worker/{age:int}/{size:int}/{key}", api.docker_worker),
         _traced("/v1/docker-worker/{key}", api.docker_worker),
         _traced("/v1/events", post_events, "POST"),
+        _traced("/v1/bisections", bisections.post_bisection, "POST"),
         _traced("/v1/tasks/{taskId}", lineage.task_lineage),
         _traced("/v1/tasks/{taskId}/supersedes", lineage.task_handoff),
         _traced("/v1/policy", lineage.policy_stats),

@@ -49,12 +49,12 @@ def check_token(request: Request) -> None:
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge(limit)
+        raise BodyTooLarge(limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _TooLarge(limit)
+            raise BodyTooLarge(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -88,7 +88,9 @@ def _unavailable(
     return response
 
 
-class _TooLarge(Exception):
+class BodyTooLarge(Exception):
+    """A request body over :func:`read_body`'s limit (answered 413)."""
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
 
@@ -98,7 +100,7 @@ async def post_events(request: Request) -> Response:
     settings = request.app.state.settings
     try:
         body = await read_body(request, settings.max_body_bytes)
-    except _TooLarge as exc:
+    except BodyTooLarge as exc:
         return error(413, f"request body larger than {exc.limit} bytes")
     except ClientDisconnect:
         # The client went away mid-body: nothing is applied, and nobody reads an answer.

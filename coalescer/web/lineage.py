@@ -1,7 +1,8 @@
 """Superseding lineage over HTTP, and the lineage section of the pages.
 
 * ``GET /v1/tasks/<taskId>`` — what superseded the task (and the chain to its final primary),
-  and what it superseded, with when, which policy rule and why;
+  and what it superseded, with when, which policy rule and why; and the bisections that name it
+  (:mod:`coalescer.web.bisections`);
 * ``GET /v1/tasks/<taskId>/supersedes`` — the state handoff: ``[{taskId, runId, task}]`` of
   every task it replaces, transitively (the shape of ``COALESCER_SUPERSEDES_FILE``);
 * ``GET /v1/policy`` — the rules in force and, per key and rule, what they superseded and the
@@ -10,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,16 +23,32 @@ from starlette.responses import Response
 from coalescer import model
 from coalescer.policy import lineage as reading
 from coalescer.policy.rules import describe
+from coalescer.web import bisections
 from coalescer.web.responses import JSON, error
 
 
 async def task_lineage(request: Request) -> Response:
+    """The task's lineage, and with ``bisection`` the bisections that name it (absent when
+    none): 404 when neither a superseding decision nor a bisection names the task."""
     task_id = model.check_task_id(request.path_params["taskId"])
-    found = await reading.lineage(
-        request.app.state.store, request.app.state.settings.policy, task_id
-    )
+    store = request.app.state.store
+    found = await reading.lineage(store, request.app.state.settings.policy, task_id)
+    located = await bisections.for_task(store, task_id)
+    if found is None and not located:
+        return error(
+            404, f"no superseding decision or bisection names task {task_id}", taskId=task_id
+        )
     if found is None:
-        return error(404, f"no superseding decision names task {task_id}", taskId=task_id)
+        found = {
+            "taskId": task_id,
+            "supersededBy": None,
+            "chain": [],
+            "finalPrimary": None,
+            "supersedes": [],
+            "decisions": [],
+        }
+    if located:
+        found["bisection"] = located
     return JSON(found)
 
 
@@ -52,12 +69,14 @@ async def policy_stats(request: Request) -> Response:
     )
 
 
-async def page_context(request: Request, task_id: str) -> dict[str, Any]:
-    """What ``_lineage.html`` shows on a task's page (nothing without a deciding policy)."""
-    found = await reading.lineage(
-        request.app.state.store, request.app.state.settings.policy, task_id
-    )
-    return {"lineage": found}
+async def page_context(
+    request: Request, task_id: str, names: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """What ``_lineage.html`` shows on a task's page (nothing without a deciding policy), and
+    what ``_bisection.html`` shows (the bisections that name the task)."""
+    store = request.app.state.store
+    found = await reading.lineage(store, request.app.state.settings.policy, task_id)
+    return {"lineage": found, "bisection": await bisections.for_task(store, task_id, names)}
 
 
 class _PolicyCounters(Collector):

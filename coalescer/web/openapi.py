@@ -6,13 +6,14 @@ round), and a schema-driven fuzz test (schemathesis) checks that the answers mat
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from coalescer import __version__, model
-from coalescer.web import shapes
+from coalescer.web import bisections, shapes
 from coalescer.web.responses import JSON
 
 _SLUGID = model.TASK_ID_RE.pattern
@@ -234,10 +235,28 @@ def document() -> dict[str, Any]:
                     },
                 )
             },
+            "/v1/bisections": {
+                "post": _op(
+                    "Report a bisection's finding (``coalescer worker --on-primary-failure "
+                    "bisect`` does, after a failed primary): the culprit, the last good task, "
+                    "each run. Recorded under its key, found by every task it names; the same "
+                    "finding again changes nothing.",
+                    {
+                        "200": _json(_ref("BisectionRecorded"), "The finding as recorded"),
+                        **_errors(400, 401, 403, 413, 503),
+                    },
+                    security=[{"bearer": []}],
+                    requestBody={
+                        "required": True,
+                        "content": {"application/json": {"schema": bisections.FINDING}},
+                    },
+                )
+            },
             "/v1/tasks/{taskId}": {
                 "get": _op(
                     "Superseding lineage (policies that decide on arrival): what superseded "
-                    "the task, the chain to its final primary, and what it superseded",
+                    "the task, the chain to its final primary, and what it superseded; and "
+                    "``bisection``, the bisections that name the task, with its role in each",
                     {"200": _json(_ref("Lineage"), "The lineage"), **_errors(400, 404, 503)},
                     parameters=[_TASK_PARAM],
                 )
@@ -343,8 +362,42 @@ def document() -> dict[str, Any]:
             "/openapi.json": {"get": _op("This document", {"200": any_json})},
         },
         "components": {
-            "schemas": shapes.components(_SLUGID),
+            "schemas": shapes.components(_SLUGID) | _bisection_shapes(),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _bisection_shapes() -> dict[str, Any]:
+    """A finding as recorded (``tasks`` added), and as ``GET /v1/tasks/<taskId>`` gives it
+    (``role`` added)."""
+    recorded = copy.deepcopy(bisections.FINDING)
+    recorded["additionalProperties"] = True  # findings the enforcer records may say more
+    recorded["required"] = [*recorded["required"], "tasks"]
+    recorded["properties"]["tasks"] = {
+        "type": "array",
+        "items": {"type": "string", "pattern": _SLUGID},
+        "description": "every taskId the finding names",
+    }
+    named = copy.deepcopy(recorded)
+    named["required"].append("role")
+    named["properties"]["role"] = {
+        "enum": list(bisections.ROLES),
+        "description": "the task's role: the failed primary, the culprit, the last good "
+        "task, another run of the search, or a task that did not run (stood for)",
+    }
+    return {
+        "Bisection": named,
+        "BisectionRecorded": {
+            "type": "object",
+            "required": ["finding", "new"],
+            "properties": {
+                "finding": recorded,
+                "new": {
+                    "type": "boolean",
+                    "description": "false when the same finding was already recorded (a retry)",
+                },
+            },
         },
     }
 

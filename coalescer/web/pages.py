@@ -23,7 +23,7 @@ from coalescer import keyset, model
 from coalescer.errors import InvalidInput
 from coalescer.store import Store, views
 from coalescer.store import keyset as stored
-from coalescer.web import activity, lineage
+from coalescer.web import activity, bisections, lineage
 from coalescer.web.responses import JSON, error, wants_html
 
 _ENV = jinja2.Environment(
@@ -56,7 +56,10 @@ def ago(ms: int | float | str | None, now_ms: float | None = None) -> str:
     if ms is None:
         return "—"
     if isinstance(ms, str):
-        ms = model.parse_time_ms(ms)
+        try:
+            ms = model.parse_time_ms(ms)
+        except InvalidInput:  # a stored record written by another version: say nothing
+            return "—"
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     return _span(max(0, int((now_ms - ms) / 1000)))
 
@@ -210,7 +213,14 @@ async def key_page(request: Request, key: str) -> Response:
     view = await views.key_view(store, key, now_ms=now_ms)
     chart = await activity.for_key(store, request.app.state.settings.retention, key, now_ms)
     return render(
-        request, "key.html", key=key, view=view, chart=chart, now_ms=now_ms, refresh=REFRESH
+        request,
+        "key.html",
+        key=key,
+        view=view,
+        chart=chart,
+        bisections=await bisections.recent(store, key),
+        now_ms=now_ms,
+        refresh=REFRESH,
     )
 
 
@@ -302,7 +312,7 @@ async def task_page(request: Request) -> Response:
         entries=list(zip(keys, found, strict=True)),
         now_ms=int(time.time() * 1000),
         refresh=REFRESH,
-        **await lineage.page_context(request, task_id),  # superseding policies
+        **await lineage.page_context(request, task_id, names),  # policies, bisections
     )
 
 

@@ -215,6 +215,12 @@ def components(slugid: str) -> dict[str, Any]:
                 "finalPrimary": nullable_str,
                 "supersedes": {"type": "array", "items": decision},
                 "decisions": {"type": "array", "items": decision},
+                "bisection": {
+                    "type": "array",
+                    "items": {"$ref": "#/components/schemas/Bisection"},
+                    "description": "the bisections that name the task, newest first "
+                    "(absent when none)",
+                },
             },
         },
         "PolicyStats": {

@@ -1,0 +1,268 @@
+"""Bisection findings over HTTP, and the bisection sections of the pages.
+
+When the newest task of a key fails, the superseding side bisects the pushes it held to locate
+the first failing one, the culprit (:mod:`coalescer.bisection`). The enforcer records its
+findings itself; a worker reports its own here:
+
+* ``POST /v1/bisections`` — one finding (the shape in :mod:`coalescer.store.bisections`,
+  without ``tasks``, which the store adds), authenticated as ``POST /v1/events`` is, checked
+  strictly (:data:`FINDING`, every taskId and the key), recorded and counted
+  (:func:`coalescer.observe.bisection_recorded`);
+* :func:`for_task` — the findings that name a task, each with the task's role in it
+  (:data:`ROLES`): the ``bisection`` field of ``GET /v1/tasks/<taskId>`` and the task page's
+  section; :func:`recent` for the key page.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jsonschema
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from coalescer import keyset, model
+from coalescer.errors import InvalidInput
+from coalescer.observe import bisection_recorded
+from coalescer.store import Store, bisections
+from coalescer.store import keyset as stored
+from coalescer.web.ingest import CLIENT_CLOSED, BodyTooLarge, check_token, read_body
+from coalescer.web.responses import JSON, error
+from coalescer.web.shapes import INSTANT
+
+#: Bounds on a reported finding: a search over at most :data:`MAX_HELD` held tasks makes a few
+#: dozen runs at most (``coalescer.bisection.max_runs``).
+MAX_RUNS = 64
+MAX_REFS = 64
+#: Tasks that did not run: all of those held but the few that ran (``--max-supersede``).
+MAX_STANDS = 256
+MAX_HELD = 1000
+MAX_RUN_ID = 1000
+MAX_ATTEMPT = 64
+MAX_BY = 200
+MAX_BODY_BYTES = 64 * 1024
+#: A task's role in a finding, the most telling first: a task that is both the culprit and a
+#: run of the search is the culprit.
+ROLES = ("primary", "culprit", "lastGood", "ran", "stoodFor")
+
+
+def _ref(description: str, *, nullable: bool = False) -> dict[str, Any]:
+    return {
+        "type": ["object", "null"] if nullable else "object",
+        "description": description,
+        "required": ["taskId", "runId"],
+        "additionalProperties": False,
+        "properties": {
+            "taskId": {"type": "string", "pattern": model.TASK_ID_RE.pattern},
+            "runId": {"type": "integer", "minimum": 0, "maximum": MAX_RUN_ID},
+        },
+    }
+
+
+def _instant(description: str, *, nullable: bool = False) -> dict[str, Any]:
+    kind = ["string", "null"] if nullable else "string"
+    return {"type": kind, "pattern": INSTANT["pattern"], "description": description}
+
+
+def _refs(description: str, item: dict[str, Any], most: int = MAX_REFS) -> dict[str, Any]:
+    return {"type": "array", "maxItems": most, "items": item, "description": description}
+
+
+_RUN = _ref("a run of the search")
+_RUN["required"] = ["taskId", "runId", "attempt", "passed", "ended"]
+_RUN["properties"] = {
+    **_RUN["properties"],
+    "attempt": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_ATTEMPT,
+        "description": "0: the run's first attempt; k: its k-th confirmation",
+    },
+    "passed": {"type": "boolean"},
+    "ended": _instant("when the attempt ended", nullable=True),
+}
+_STAND = _ref("a task run that did not run, superseded by the run whose result stands for it")
+_STAND["required"] = ["taskId", "runId", "by"]
+_STAND["properties"] = {**_STAND["properties"], "by": _ref("the run that stands for it")}
+
+#: A finding as a worker reports it (JSON Schema 2020-12, also the OpenAPI request body).
+FINDING: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "key",
+        "by",
+        "primary",
+        "held",
+        "culprit",
+        "lastGood",
+        "runs",
+        "intermittent",
+        "standsFor",
+        "extraRuns",
+        "located",
+    ],
+    "additionalProperties": False,
+    "properties": {
+        "key": {
+            "type": "string",
+            "pattern": model.KEY_RE.pattern,
+            "maxLength": model.MAX_KEY_LENGTH,
+            "description": "the coalescing key",
+        },
+        "by": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_BY,
+            "description": "who ran the search (``worker <group>/<id>``)",
+        },
+        "primary": _ref("the newest task, whose failure started the search"),
+        "held": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_HELD,
+            "description": "older tasks the primary held",
+        },
+        "culprit": _ref(
+            "the first failing task; null when the primary's failure did not come back",
+            nullable=True,
+        ),
+        "lastGood": _ref("the newest task that passed, older than the culprit", nullable=True),
+        "runs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_RUNS,
+            "items": _RUN,
+            "description": "every run of the search in order, the primary's first included",
+        },
+        "intermittent": _refs("runs whose failure a confirmation did not reproduce", _ref("")),
+        "standsFor": _refs(
+            "the tasks that did not run, and what stands for each", _STAND, MAX_STANDS
+        ),
+        "extraRuns": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_RUNS,
+            "description": "runs beyond the primary's first",
+        },
+        "located": _instant("when the search ended"),
+    },
+}
+_CHECK = jsonschema.Draft202012Validator(FINDING)
+#: An instant exactly (the schema's pattern, with `$` read as ECMA 262 reads it).
+_INSTANT = re.compile(INSTANT["pattern"].rstrip("$") + r"\Z")
+
+
+def check(doc: Any) -> dict[str, Any]:
+    """``doc`` if it is a finding :data:`FINDING` allows whose taskIds, key and times are
+    well-formed; else :class:`InvalidInput` saying what is wrong, and where."""
+    found = sorted(_CHECK.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if found:
+        raise InvalidInput(
+            "not a bisection finding: "
+            + "; ".join(
+                f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in found[:5]
+            )
+        )
+    # The schema's patterns read `$` as Python does (a final newline passes): check exactly.
+    model.check_key(doc["key"])
+    for where, ref in _refs_in(doc):
+        try:
+            model.check_task_id(ref["taskId"])
+        except InvalidInput as exc:
+            raise InvalidInput(f"{where}: {exc}") from None
+    for where, at in [("located", doc["located"])] + [
+        (f"runs/{i}/ended", r["ended"]) for i, r in enumerate(doc["runs"])
+    ]:
+        if at is not None and not _INSTANT.fullmatch(at):
+            raise InvalidInput(f"{where}: not a date-time like 2030-01-01T00:00:00.000Z: {at!r}")
+        if at is not None:
+            try:
+                model.parse_time_ms(at)
+            except InvalidInput as exc:
+                raise InvalidInput(f"{where}: {exc}") from None
+    return dict(doc)
+
+
+def _refs_in(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every ``{taskId, runId}`` of a finding, with where it is."""
+    refs: list[tuple[str, Any]] = [(name, doc[name]) for name in ("primary", "culprit", "lastGood")]
+    refs += [(f"runs/{i}", r) for i, r in enumerate(doc["runs"])]
+    refs += [(f"intermittent/{i}", r) for i, r in enumerate(doc["intermittent"])]
+    for i, stand in enumerate(doc["standsFor"]):
+        refs += [(f"standsFor/{i}", stand), (f"standsFor/{i}/by", stand["by"])]
+    return [(where, ref) for where, ref in refs if ref is not None]
+
+
+async def post_bisection(request: Request) -> Response:
+    """``POST /v1/bisections``: record a worker's finding; the answer is the finding as
+    stored, and whether it is ``new`` (a retry of the same finding is recorded and counted
+    once)."""
+    check_token(request)
+    limit = min(MAX_BODY_BYTES, request.app.state.settings.max_body_bytes)
+    try:
+        body = await read_body(request, limit)
+    except BodyTooLarge:
+        return error(413, f"request body larger than {limit} bytes")
+    except ClientDisconnect:
+        return Response(status_code=CLIENT_CLOSED)
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"body is not JSON: {exc}") from exc
+    finding = check(doc)
+    store: Store = request.app.state.store
+    primary = finding["primary"]["taskId"]
+    before = await bisections.for_task(store, [finding["key"]], primary)
+    new = not any(_same(old, finding) for old in before)
+    located_ms = model.parse_time_ms(finding["located"])
+    await bisections.record(store, finding, located_ms)
+    if new:
+        bisection_recorded(finding, "http")
+    return JSON({"finding": {**finding, "tasks": bisections.named_tasks(finding)}, "new": new})
+
+
+def _same(stored_finding: Mapping[str, Any], finding: Mapping[str, Any]) -> bool:
+    return {k: v for k, v in stored_finding.items() if k != "tasks"} == finding
+
+
+def role(finding: Mapping[str, Any], task_id: str) -> str | None:
+    """``task_id``'s role in ``finding`` (:data:`ROLES`), or None when it names no such task."""
+
+    def named(ref: Any) -> bool:
+        return isinstance(ref, Mapping) and ref.get("taskId") == task_id
+
+    if named(finding.get("primary")):
+        return "primary"
+    if named(finding.get("culprit")):
+        return "culprit"
+    if named(finding.get("lastGood")):
+        return "lastGood"
+    ran = [*(finding.get("runs") or []), *(finding.get("intermittent") or [])]
+    if any(named(r) for r in ran):
+        return "ran"
+    if any(named(s) for s in finding.get("standsFor") or []):
+        return "stoodFor"
+    return None
+
+
+async def for_task(
+    store: Store, task_id: str, names: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The findings that name ``task_id``, newest first, each as stored plus ``role``: under
+    ``names``, or else under the :data:`~coalescer.keyset.TASK_PAGE_KEYS` most recently
+    active keys (as the task's page looks for the task)."""
+    if names is None:
+        listed, _ = await stored.recent(store, 0, keyset.TASK_PAGE_KEYS - 1)
+        names = [k for k, _ in listed]
+    found = await bisections.for_task(store, names, task_id)
+    out = [{**f, "role": r} for f in found if (r := role(f, task_id)) is not None]
+    out.sort(key=lambda f: str(f.get("located", "")), reverse=True)
+    return out
+
+
+async def recent(store: Store, key: str) -> list[dict[str, Any]]:
+    """The key's newest findings, newest first, for its page."""
+    return await bisections.recent(store, key)

@@ -1,0 +1,271 @@
+"""Bisection findings: ``POST /v1/bisections`` (a worker's report), the ``bisection`` field of
+``GET /v1/tasks/<taskId>``, the task and key pages, and the metrics."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+from prometheus_client import REGISTRY
+from starlette.applications import Starlette
+
+from coalescer import observe
+from coalescer.settings import Settings
+from coalescer.store import Store
+from coalescer.web.app import create_app
+from coalescer.web.openapi import document
+from tests.conftest import make_message
+from tests.web.conftest import AUTH, HTML, at, ids, post
+
+CULPRITS = "coalescer_culprits_located_total"
+EXTRA_RUNS = "coalescer_bisection_extra_runs_total"
+
+
+def sample(name: str, source: str) -> float:
+    return REGISTRY.get_sample_value(name, {"source": source}) or 0.0
+
+
+def ref(task_id: str, run_id: int = 0) -> dict[str, Any]:
+    return {"taskId": task_id, "runId": run_id}
+
+
+def finding(pushes: list[str], key: str = "k") -> dict[str, Any]:
+    """Pushes 1..6, push 6 the failed primary: push 4 is the culprit, push 3 the last good
+    (its first run failed, its confirmation passed: intermittent), push 5 ran and failed, and
+    pushes 1 and 2 did not run: push 3's pass stands for them."""
+    p1, p2, p3, p4, p5, p6 = pushes
+    return {
+        "key": key,
+        "by": "worker g/w1",
+        "primary": ref(p6),
+        "held": 5,
+        "culprit": ref(p4),
+        "lastGood": ref(p3),
+        "runs": [
+            {**ref(p6), "attempt": 0, "passed": False, "ended": "2030-01-01T01:00:00.000Z"},
+            {**ref(p3), "attempt": 0, "passed": False, "ended": "2030-01-01T01:10:00.000Z"},
+            {**ref(p3), "attempt": 1, "passed": True, "ended": "2030-01-01T01:20:00.000Z"},
+            {**ref(p5), "attempt": 0, "passed": False, "ended": "2030-01-01T01:30:00.000Z"},
+            {**ref(p4), "attempt": 0, "passed": False, "ended": "2030-01-01T01:40:00.000Z"},
+        ],
+        "intermittent": [ref(p3)],
+        "standsFor": [{**ref(p1), "by": ref(p3)}, {**ref(p2), "by": ref(p3)}],
+        "extraRuns": 4,
+        "located": "2030-01-01T01:41:00.000Z",
+    }
+
+
+async def pushes(client: httpx.AsyncClient, key: str = "k") -> list[str]:
+    """Six tasks of ``key``, known to the index."""
+    tasks = ids(6)
+    route = (f"coalesce.v1.{key}",)
+    await post(
+        client, *(make_message(t, scheduled=at(i), routes=route) for i, t in enumerate(tasks))
+    )
+    return tasks
+
+
+async def report(client: httpx.AsyncClient, doc: Any, **headers: str) -> httpx.Response:
+    return await client.post("/v1/bisections", json=doc, headers={**AUTH, **headers})
+
+
+# -- POST /v1/bisections ------------------------------------------------------------------------
+
+
+async def test_a_report_needs_the_ingest_token(
+    client: httpx.AsyncClient, settings: Settings, store: Store
+) -> None:
+    doc = finding(ids(6))
+    r = await client.post("/v1/bisections", json=doc)
+    assert r.status_code == 401 and "bearer token" in r.json()["error"]
+    r = await client.post("/v1/bisections", json=doc, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+    disabled = create_app(dataclasses.replace(settings, ingest_token=None), store)
+    transport = httpx.ASGITransport(disabled)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as other:
+        r = await report(other, doc)
+    assert r.status_code == 403 and "COALESCER_INGEST_TOKEN" in r.json()["error"]
+    assert (await client.get(f"/v1/tasks/{doc['culprit']['taskId']}")).status_code == 404
+
+
+def _broken(doc: dict[str, Any], change: str) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    if change == "missing key":
+        del doc["key"]
+    elif change == "tasks given":
+        doc["tasks"] = [doc["primary"]["taskId"]]
+    elif change == "bad run taskId":
+        doc["runs"][2]["taskId"] = "not-a-slugid"
+    elif change == "taskId with a newline":
+        doc["standsFor"][1]["by"]["taskId"] += "\n"
+    elif change == "too many runs":
+        doc["runs"] = doc["runs"] * 13
+    elif change == "bad key":
+        doc["key"] = "a..b"
+    elif change == "bad time":
+        doc["located"] = "2030-13-45T00:00:00.000Z"
+    elif change == "negative runId":
+        doc["culprit"]["runId"] = -1
+    elif change == "passed not a boolean":
+        doc["runs"][0]["passed"] = "no"
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ("missing key", "'key' is a required property"),
+        ("tasks given", "'tasks' was unexpected"),
+        ("bad run taskId", "runs/2/taskId"),
+        ("taskId with a newline", "standsFor/1/by: malformed taskId"),
+        ("too many runs", "runs: "),
+        ("bad key", "key: 'a..b' does not match"),
+        ("bad time", "located: not an RFC 3339 date-time"),
+        ("negative runId", "culprit/runId"),
+        ("passed not a boolean", "runs/0/passed"),
+    ],
+)
+async def test_a_malformed_finding_is_a_400_saying_what_is_wrong(
+    client: httpx.AsyncClient, change: str, says: str
+) -> None:
+    tasks = ids(6)
+    r = await report(client, _broken(finding(tasks), change))
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]
+    assert (await client.get(f"/v1/tasks/{tasks[3]}")).status_code == 404
+
+
+async def test_bodies_that_are_not_a_finding_are_refused(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/bisections", content=b"{", headers=AUTH)
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]
+    r = await client.post("/v1/bisections", content=b"[]", headers=AUTH)
+    assert r.status_code == 400 and "not a bisection finding" in r.json()["error"]
+    big = finding(ids(6))
+    big["by"] = "x" * 70_000
+    r = await report(client, big)
+    assert r.status_code == 413 and "larger than" in r.json()["error"]
+
+
+async def test_a_finding_is_recorded_and_counted_once(client: httpx.AsyncClient) -> None:
+    tasks = await pushes(client)
+    culprits, extra = sample(CULPRITS, "http"), sample(EXTRA_RUNS, "http")
+    r = await report(client, finding(tasks))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["new"] is True
+    named = [tasks[i] for i in (5, 3, 2, 4, 0, 1)]
+    assert body["finding"] == {**finding(tasks), "tasks": named}
+    assert sample(CULPRITS, "http") == culprits + 1
+    assert sample(EXTRA_RUNS, "http") == extra + 4
+    # A retry of the same finding changes nothing, and is not counted again.
+    again = await report(client, finding(tasks))
+    assert again.status_code == 200 and again.json()["new"] is False
+    assert sample(CULPRITS, "http") == culprits + 1
+    assert sample(EXTRA_RUNS, "http") == extra + 4
+    text = (await client.get("/metrics")).text
+    assert f'{CULPRITS}{{source="http"}}' in text and f'{EXTRA_RUNS}{{source="http"}}' in text
+
+
+async def test_a_finding_without_a_culprit_counts_its_runs_only(client: httpx.AsyncClient) -> None:
+    tasks = await pushes(client)
+    doc = finding(tasks)
+    doc |= {"culprit": None, "lastGood": None, "runs": doc["runs"][:1], "extraRuns": 1}
+    doc |= {"intermittent": [ref(tasks[5])], "standsFor": []}
+    culprits, extra = sample(CULPRITS, "http"), sample(EXTRA_RUNS, "http")
+    assert (await report(client, doc)).status_code == 200
+    assert sample(CULPRITS, "http") == culprits
+    assert sample(EXTRA_RUNS, "http") == extra + 1
+
+
+def test_the_enforcer_counts_its_findings_the_same_way() -> None:
+    culprits, extra = sample(CULPRITS, "enforcer"), sample(EXTRA_RUNS, "enforcer")
+    observe.bisection_recorded(finding(ids(6)))
+    assert sample(CULPRITS, "enforcer") == culprits + 1
+    assert sample(EXTRA_RUNS, "enforcer") == extra + 4
+
+
+# -- GET /v1/tasks/<taskId> ---------------------------------------------------------------------
+
+
+async def test_every_task_a_finding_names_gets_it_with_its_role(client: httpx.AsyncClient) -> None:
+    tasks = await pushes(client)
+    (other,) = ids(1)
+    assert (await report(client, finding(tasks))).status_code == 200
+    lineage = document()["components"]["schemas"]["Lineage"]
+    checker = jsonschema.Draft202012Validator({**lineage, "components": document()["components"]})
+    roles = ["stoodFor", "stoodFor", "lastGood", "culprit", "ran", "primary"]
+    for task_id, role in zip(tasks, roles, strict=True):
+        r = await client.get(f"/v1/tasks/{task_id}")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        checker.validate(body)
+        [found] = body["bisection"]
+        assert found["role"] == role, task_id
+        assert found["culprit"] == ref(tasks[3]) and found["lastGood"] == ref(tasks[2])
+        assert [(x["taskId"], x["attempt"], x["passed"]) for x in found["runs"]] == [
+            (tasks[5], 0, False),
+            (tasks[2], 0, False),
+            (tasks[2], 1, True),
+            (tasks[4], 0, False),
+            (tasks[3], 0, False),
+        ]
+        assert found["runs"][-1]["ended"] == "2030-01-01T01:40:00.000Z"
+        assert body["supersededBy"] is None and body["chain"] == []
+    r = await client.get(f"/v1/tasks/{other}")
+    assert r.status_code == 404 and "bisection" in r.json()["error"]
+
+
+async def test_a_task_no_finding_names_is_still_a_404(client: httpx.AsyncClient) -> None:
+    tasks = await pushes(client)
+    await report(client, finding(tasks))
+    (stranger,) = ids(1)
+    await post(client, make_message(stranger, scheduled=at(9)))
+    r = await client.get(f"/v1/tasks/{stranger}")
+    assert r.status_code == 404
+
+
+# -- pages --------------------------------------------------------------------------------------
+
+
+async def test_the_culprits_page_names_it_and_every_run(
+    client: httpx.AsyncClient, app: Starlette
+) -> None:
+    tasks = await pushes(client)
+    doc = finding(tasks)
+    doc["by"] = "worker <b>g</b>/w1"
+    assert (await report(client, doc)).status_code == 200
+    page = (await client.get(f"/tasks/{tasks[3]}", headers=HTML)).text
+    assert "Bisection under key" in page
+    assert "This task is the <b>culprit</b>" in page
+    assert f'href="/tasks/{tasks[5]}?key=k"' in page  # the primary
+    for run in doc["runs"]:
+        assert run["ended"] in page
+    assert page.count('<span class="pill failed">failed</span>') == 4
+    assert page.count('<span class="pill completed">passed</span>') == 1
+    assert "(confirmation)" in page and "Intermittent" in page
+    assert "worker &lt;b&gt;g&lt;/b&gt;/w1" in page and "<b>g</b>" not in page
+    assert "Taskcluster ↗" not in page
+    primary = (await client.get(f"/tasks/{tasks[5]}", headers=HTML)).text
+    assert "was the newest of its key and <b>failed</b>" in primary
+    stood = (await client.get(f"/tasks/{tasks[0]}", headers=HTML)).text
+    assert "This task did not run" in stood
+    app.state.settings = dataclasses.replace(
+        app.state.settings, taskcluster_root_url="https://tc.example.com"
+    )
+    page = (await client.get(f"/tasks/{tasks[3]}", headers=HTML)).text
+    assert f'href="https://tc.example.com/tasks/{tasks[2]}"' in page  # the last good
+
+
+async def test_the_key_page_lists_its_recent_findings(client: httpx.AsyncClient) -> None:
+    tasks = await pushes(client)
+    page = (await client.get("/k", headers=HTML)).text
+    assert "No bisection recorded for this key." in page
+    assert (await report(client, finding(tasks))).status_code == 200
+    page = (await client.get("/k", headers=HTML)).text
+    section = page[page.index("Recent bisections") : page.index("Recent resolutions")]
+    assert f"/tasks/{tasks[3]}?key=k" in section and f"/tasks/{tasks[5]}?key=k" in section
+    assert "worker g/w1" in section

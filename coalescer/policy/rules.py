@@ -11,7 +11,9 @@ decides how that key supersedes. A key no rule matches keeps today's protocol (`
         protect-running-after: 10m           # never cancel a task that has run longer
         age: 0                               # decide only when the oldest pending task has
         size: 0                              #   waited > age s and > size tasks are pending
-        on-primary-failure: supersede        # or release: hold victims until the primary ends
+        on-primary-failure: supersede        # or release: hold victims until the primary ends;
+                                             #   or bisect: search them for the first failure
+        bisect-confirm: 1                    # with bisect: reruns confirming a failure
         cascade: cancel                      # or leave: what happens to a victim's dependents
 
 Globs match dotted keys: ``*`` matches within one word, ``**`` across words, ``?`` one
@@ -50,10 +52,15 @@ class Strategy(enum.StrEnum):
 class PrimaryFailure(enum.StrEnum):
     """``supersede``: victims are resolved at once, whatever becomes of the primary.
     ``release``: victims are claimed and held until the primary ends; they are superseded
-    when it completes, released (retried) when it fails or ends in exception."""
+    when it completes, released (retried) when it fails or ends in exception.
+    ``bisect``: victims are held as with ``release``; when the primary fails, a few of them
+    run to locate the first failing push (:mod:`coalescer.bisection`), each failure confirmed
+    by ``bisect-confirm`` reruns, and the rest are superseded by the result that stands for
+    them."""
 
     SUPERSEDE = "supersede"
     RELEASE = "release"
+    BISECT = "bisect"
 
 
 class Cascade(enum.StrEnum):
@@ -77,6 +84,8 @@ class Rule:
     size: int | None = None
     on_primary_failure: PrimaryFailure = PrimaryFailure.SUPERSEDE
     cascade: Cascade = Cascade.CANCEL
+    #: With ``on-primary-failure: bisect``: reruns that confirm a failure (0: trust it).
+    bisect_confirm: int = 1
 
     @property
     def decides(self) -> bool:
@@ -92,7 +101,8 @@ class Rule:
             -1 if self.size is None else self.size,
             int(self.supersede_running),
             -1 if self.protect_running_after_ms is None else self.protect_running_after_ms,
-            int(self.on_primary_failure is PrimaryFailure.RELEASE),
+            # Both release and bisect hold the victims until the primary ends.
+            int(self.on_primary_failure is not PrimaryFailure.SUPERSEDE),
             str(self.cascade),
         ]
 
@@ -159,6 +169,7 @@ _FIELDS = {
     "age",
     "size",
     "on-primary-failure",
+    "bisect-confirm",
     "cascade",
 }
 _DECIDING_ONLY = _FIELDS - {"keys", "name", "strategy"}
@@ -217,6 +228,14 @@ def _rule(item: Any, where: str, number: int) -> Rule:
     size = item.get("size")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
         raise ConfigError(f"{where}: 'size' must be a whole number >= 0")
+    on_failure = _choice(
+        item.get("on-primary-failure", "supersede"), PrimaryFailure, "on-primary-failure", where
+    )
+    confirm = item.get("bisect-confirm", 1)
+    if "bisect-confirm" in item and on_failure is not PrimaryFailure.BISECT:
+        raise ConfigError(f"{where}: 'bisect-confirm' only applies to on-primary-failure: bisect")
+    if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
+        raise ConfigError(f"{where}: 'bisect-confirm' must be a whole number >= 0")
     return Rule(
         name=name,
         patterns=patterns,
@@ -225,10 +244,9 @@ def _rule(item: Any, where: str, number: int) -> Rule:
         protect_running_after_ms=protect,
         age_ms=_duration(item.get("age"), "age", where),
         size=size,
-        on_primary_failure=_choice(
-            item.get("on-primary-failure", "supersede"), PrimaryFailure, "on-primary-failure", where
-        ),
+        on_primary_failure=on_failure,
         cascade=_choice(item.get("cascade", "cancel"), Cascade, "cascade", where),
+        bisect_confirm=confirm,
     )
 
 
@@ -308,6 +326,8 @@ def describe(policy: Policy) -> list[str]:
             if rule.age_ms is not None or rule.size is not None:
                 bits.append(f"age>{(rule.age_ms or 0) / 1000:g}s size>{rule.size or 0}")
             bits.append(f"on primary failure {rule.on_primary_failure}")
+            if rule.on_primary_failure is PrimaryFailure.BISECT:
+                bits.append(f"bisect confirm {rule.bisect_confirm}")
             bits.append(f"cascade {rule.cascade}")
         lines.append(f"{rule.name}: {', '.join(rule.patterns)} -> {'; '.join(bits)}")
     return lines

@@ -65,15 +65,37 @@ def register(sub: Any) -> None:
     synth.add_argument("--build-workers", type=int, default=5, help="per build queue (5)")
     synth.add_argument("--test-workers", type=int, default=6, help="per test queue (6)")
     synth.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    synth.add_argument(
+        "--regressions",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="probability that a push breaks a key that passes (0: none)",
+    )
+    synth.add_argument(
+        "--fix-after",
+        type=int,
+        default=3,
+        metavar="N",
+        help="a breakage lasts 1 to N pushes of its key, drawn at random (3)",
+    )
+    synth.add_argument(
+        "--intermittent",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="probability that any other run fails (0: none)",
+    )
     p.add_argument(
         "--config",
         action="append",
         default=[],
         metavar="C",
         help="off; on-claim, latest-wins or first-wins, optionally with ,age=SECONDS,size=N "
-        "(tc-coalesce's thresholds); or age=SECONDS,size=N alone (on claim); repeatable; off "
-        "is always replayed first, as the baseline (default: off, age=3600,size=5, on-claim, "
-        "or off alone with --policy)",
+        "(tc-coalesce's thresholds); or age=SECONDS,size=N alone (on claim); any with "
+        ",on-primary-failure=supersede|release|bisect (on claim: the worker's flag; bisect "
+        "with ,bisect-confirm=N, 1 by default); repeatable; off is always replayed first, as "
+        "the baseline (default: off, age=3600,size=5, on-claim, or off alone with --policy)",
     )
     p.add_argument(
         "--policy",
@@ -123,6 +145,8 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         if not Path(file).is_file():
             raise ConfigError(f"--policy {file!r}: no such file")
     files = [runner.Config.from_policy(rules.load(f), Path(f).name) for f in args.policy]
+    for config in files:
+        _bisect_rules(config)
     configs = [runner.Config(False), *(c for c in configs if c.supersede), *files]
     workers, default = parse_workers(args.workers)
     history = _history(args, settings, workers, default)
@@ -200,6 +224,9 @@ def _history(
             build_workers=args.build_workers,
             test_workers=args.test_workers,
             seed=args.seed,
+            regression_rate=args.regressions,
+            fix_after=args.fix_after,
+            intermittent_rate=args.intermittent,
         )
         history = synthetic.generate(spec)
         return dataclasses.replace(history, workers={**history.workers, **workers})
@@ -230,6 +257,27 @@ def _evidence(args: argparse.Namespace, settings: Settings) -> Evidence:
     if service is not None and not service.startswith(("http://", "https://")):
         raise ConfigError(f"--service {service!r}: expected an http:// or https:// URL")
     return Evidence(frozenset(identities), queue, service)
+
+
+def _bisect_rules(config: Config) -> None:
+    """Say, on stderr, that a file's deciding rules with ``on-primary-failure: bisect`` are
+    replayed as ``coalescer enforce`` carries them out today: victims held, then released."""
+    from coalescer.policy import PrimaryFailure
+
+    assert config.rules is not None
+    names = [
+        r.name
+        for r in config.rules.rules
+        if r.decides and r.on_primary_failure is PrimaryFailure.BISECT
+    ]
+    if names:
+        print(
+            f"coalescer replay: {config.label}: rule(s) {', '.join(names)} bisect after a "
+            "failed primary; the replay carries them out as the enforcer does today (victims "
+            "held, then released when the primary fails); the worker's bisection is "
+            "modelled with --config on-claim,on-primary-failure=bisect",
+            file=sys.stderr,
+        )
 
 
 def _unchecked(history: History) -> None:

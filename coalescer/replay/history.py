@@ -37,6 +37,10 @@ class TaskSpec:
     dependent of that task). ``real_runs`` are the ``(started, resolved)`` times of
     the runs that executed a command, which size the pools (see
     :mod:`coalescer.replay.runs`).
+
+    ``broken``: the task's push broke its key (a regression, in a synthetic history): every
+    run of it fails. Other runs fail when ``outcome`` is ``failed``, or by the history's
+    :attr:`History.intermittent` rate.
     """
 
     task_id: str
@@ -56,6 +60,7 @@ class TaskSpec:
     superseded_by: str = ""
     cascaded_ms: int = 0
     real_runs: tuple[tuple[int, int], ...] = ()
+    broken: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,6 +120,8 @@ class History:
     #: Runs that may have been superseded (canceled, or completed while their worker held
     #: another run of their key) whose link could not be read: no queue, no service given.
     unchecked: int = 0
+    #: Probability that a run of a task that is not broken fails (drawn per run, seeded).
+    intermittent: float = 0.0
 
     @classmethod
     def build(
@@ -125,6 +132,7 @@ class History:
         default_workers: int | None = None,
         source: str = "history",
         unchecked: int = 0,
+        intermittent: float = 0.0,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
         where given, else the recorded peak concurrency, else ``default_workers``."""
@@ -144,7 +152,7 @@ class History:
                     "there; give one with --workers QUEUE=N or --workers N"
                 )
             pool[queue] = given
-        return cls(ordered, pool, source, unchecked)
+        return cls(ordered, pool, source, unchecked, intermittent)
 
     def recorded_makespan_ms(self) -> int | None:
         """From the first schedule to the last recorded resolution, if runs were recorded."""

@@ -6,6 +6,10 @@
   pushes got no result of their own;
 * pending time (p95), the makespan and the backlog over time;
 * per rule of the configuration's policy, the same figures for the tasks the rule governs;
+* after failed primaries (:func:`regressions`): the regressions located to the push that
+  introduced them, culprits a bisection named wrongly, the runs spent beyond one per primary
+  (bisections, released secondaries) and the time from the first failing run of a regression
+  to its located culprit (p50/p95);
 * two numbers that must be 0: wrong winners (a task superseded by one that is not newer in its
   key's order; under ``first-wins``, neither older nor running) and lost tasks (became
   pending, then neither ran nor resolved).
@@ -21,6 +25,10 @@ from typing import Any
 from coalescer.policy.rules import ON_CLAIM, Rule, Strategy
 from coalescer.replay.history import History, TaskSpec, percentile
 from coalescer.replay.pool import REPLACED, RESOLVED, Outcome, State
+
+#: A regression: the task of the push that introduced it, the task of the push before it in
+#: its key, and the broken pushes' tasks (the first included), oldest first.
+Regression = tuple[int, int, tuple[int, ...]]
 
 #: Points kept of each backlog curve.
 BACKLOG_POINTS = 240
@@ -90,6 +98,24 @@ class Summary:
     rules: tuple[RuleSummary, ...]
     #: ``(hours since the start, pending tasks)``, at most :data:`BACKLOG_POINTS` points.
     backlog: tuple[tuple[float, int], ...]
+    #: Regressions in the history (a broken push after one that was not), and of them those
+    #: located to their own push: it failed and the push before it passed, or a bisection
+    #: named it the culprit.
+    regressions: int = 0
+    located: int = 0
+    #: Regressions any run failed for (the others were superseded, or never scheduled, and
+    #: fixed before anything of theirs ran).
+    seen: int = 0
+    #: Culprits named by a bisection, with a last good push below them, where no regression
+    #: began (an intermittent failure trusted).
+    wrong_culprits: int = 0
+    #: Bisections run after failed primaries.
+    bisections: int = 0
+    #: Runs beyond one per primary: bisections' runs, released secondaries' runs.
+    extra_runs: int = 0
+    #: From a regression's first failing run to its located culprit, seconds.
+    locate_p50_s: float | None = None
+    locate_p95_s: float | None = None
     #: Every push's time to a result, seconds (for the distribution chart).
     ttr_s: tuple[float, ...] = dataclasses.field(repr=False, default=())
 
@@ -151,6 +177,10 @@ def summarize(
     per_key, all_ttr, ttr_of = _time_to_result(history, out)
     worker_hours = out.worker_ms / 3_600_000
     ends = [r for r in out.resolved_ms if r >= 0]
+    found = regressions(history)
+    located = _located(found, out)
+    starts = {c for c, _, _ in found}
+    waits = [w / 1000 for w in located.values()]
     return Summary(
         name=name,
         worker_hours=round(worker_hours, 3),
@@ -175,8 +205,67 @@ def summarize(
         keys=tuple(per_key),
         rules=_per_rule(governing, out, baseline, ttr_of),
         backlog=_downsample(out.backlog, start),
+        regressions=len(found),
+        located=len(located),
+        seen=sum(1 for _, _, broken in found if any(out.failed_ms[j] >= 0 for j in broken)),
+        wrong_culprits=sum(
+            1
+            for s in out.searches
+            if s.culprit >= 0 and s.last_good >= 0 and s.culprit not in starts
+        ),
+        bisections=len(out.searches),
+        extra_runs=out.extra_runs,
+        locate_p50_s=percentile(waits, 0.5),
+        locate_p95_s=percentile(waits, 0.95),
         ttr_s=tuple(all_ttr),
     )
+
+
+def regressions(history: History) -> list[Regression]:
+    """Every regression of the history: per key (a task's first), a broken push whose
+    previous push is not broken, with the broken pushes that follow it. A key's first push
+    has no push before it to tell where its breakage began: it counts for none."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(history.tasks):
+        if t.keys:
+            members[t.keys[0]].append(i)
+    found: list[Regression] = []
+    tasks = history.tasks
+    for key in sorted(members):
+        ids = sorted(members[key], key=lambda i: (tasks[i].order, tasks[i].task_id))
+        n = 1
+        while n < len(ids):
+            if tasks[ids[n]].broken and not tasks[ids[n - 1]].broken:
+                end = n
+                while end < len(ids) and tasks[ids[end]].broken:
+                    end += 1
+                found.append((ids[n], ids[n - 1], tuple(ids[n:end])))
+                n = end
+            else:
+                n += 1
+    return found
+
+
+def _located(found: Sequence[Regression], out: Outcome) -> dict[int, int]:
+    """The regressions located to their own push: ``{culprit: ms from the regression's first
+    failing run to the moment it was located}``. Located by results when the culprit failed
+    and the push before it passed (at the later of the two), or when a bisection named it
+    (at the search's end), whichever came first."""
+    named: dict[int, int] = {}
+    for search in out.searches:
+        if search.culprit >= 0:
+            named[search.culprit] = min(named.get(search.culprit, search.ended_ms), search.ended_ms)
+    located: dict[int, int] = {}
+    for culprit, before, broken in found:
+        times = []
+        if out.state[culprit] == State.FAILED and out.state[before] == State.COMPLETED:
+            times.append(max(out.resolved_ms[culprit], out.resolved_ms[before]))
+        if culprit in named:
+            times.append(named[culprit])
+        failures = [out.failed_ms[j] for j in broken if out.failed_ms[j] >= 0]
+        if times and failures:
+            located[culprit] = max(0, min(times) - min(failures))
+    return located
 
 
 def _per_rule(

@@ -17,6 +17,14 @@ Each task has runs, as on the queue: a victim released by the enforcer, or a wor
 released when its primary is canceled, resolves ``exception/worker-shutdown`` and is pending
 again with a new run.
 
+A run fails when its task is broken (a regression), was recorded failed, or by the history's
+intermittent rate, drawn per run from a seeded stream of its own (the same task's ``k``-th run
+draws the same in every configuration). When a worker's primary fails, its secondaries follow
+the worker's ``on_failure`` (``--on-primary-failure``): ``supersede`` (superseded by the failed
+primary), ``release`` (each runs itself, in a new run) or ``bisect``: the worker keeps them and
+runs the ones :class:`~coalescer.bisection.Bisection` asks for, one after another, as the shim
+does (:meth:`Pool._probe`).
+
 The model is pure apart from :class:`Index`, which it awaits, and never reads the wall clock.
 """
 
@@ -25,10 +33,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import heapq
+import random
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
 
+from coalescer.bisection import Bisection, stand_ins
+from coalescer.policy.rules import PrimaryFailure
 from coalescer.replay.history import Durations, History, TaskSpec
 
 
@@ -89,6 +100,20 @@ class Index(Protocol):
         """Carry out on ``pool`` the decisions taken on arrival since the last call."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Search:
+    """One bisection after a failed primary: the tasks it held (victims oldest first, then the
+    primary), the culprit and last good task it named (-1: none), when the primary's run failed
+    and when the search ended, and the runs it made beyond the primary's first."""
+
+    primary: int
+    culprit: int
+    last_good: int
+    started_ms: int
+    ended_ms: int
+    runs: int
+
+
 @dataclasses.dataclass(slots=True)
 class Outcome:
     """What the replay made of each task (lists indexed like ``History.tasks``)."""
@@ -111,12 +136,30 @@ class Outcome:
     #: Victims released (their primary failed) or secondaries released (their primary was
     #: canceled): each ran again in a new run.
     released: int = 0
+    #: When each task's first failing run ended (-1: none failed).
+    failed_ms: list[int] = dataclasses.field(default_factory=list)
+    #: Runs beyond one per primary spent after a failed primary: a bisection's runs, and the
+    #: runs of the secondaries a worker released (``release``).
+    extra_runs: int = 0
+    #: Every bisection, in the order they ended.
+    searches: list[Search] = dataclasses.field(default_factory=list)
 
 
 # Event kinds, in the order they are handled at one instant: runs end (freeing workers and
 # scheduling dependents), then tasks arrive, then the history's cancellations; then decisions
 # on arrival are carried out (and the decisions those lead to), and idle workers claim.
-_FINISH, _ARRIVE, _WITHDRAW = 0, 1, 2
+_FINISH, _PROBE, _ARRIVE, _WITHDRAW = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(slots=True)
+class _Searching:
+    """A bisection under way on the worker of a failed primary."""
+
+    primary: int
+    pushes: list[int]  # victims oldest first, then the primary
+    search: Bisection
+    started_ms: int
+    longest_ms: int  # the longest run so far: the margin before a victim's deadline is twice it
 
 
 class Pool:
@@ -130,8 +173,12 @@ class Pool:
         *,
         seed: int = 0,
         progress: Callable[[int], None] | None = None,
+        on_failure: PrimaryFailure = PrimaryFailure.SUPERSEDE,
+        bisect_confirm: int = 1,
     ) -> None:
         self.history = history
+        self.seed = seed
+        self.on_failure, self.bisect_confirm = on_failure, bisect_confirm
         self.tasks = history.tasks
         self.index = index
         self.durations = Durations(self.tasks, seed)
@@ -146,6 +193,7 @@ class Pool:
             by=[-1] * n,
             worked_ms=[0] * n,
             runs=[0] * n,
+            failed_ms=[-1] * n,
         )
         self.dependents: dict[int, list[int]] = defaultdict(list)
         self.blocked = [0] * n
@@ -166,6 +214,10 @@ class Pool:
         self.enforcer_holds: set[int] = set()
         self.by_enforcer: set[int] = set()
         self.since = [-1] * n  # when each task's current run became pending
+        self.executions = [0] * n  # runs of each task's command so far (its draws)
+        #: Secondaries released after their primary failed, whose run will be an extra one.
+        self.after_failure: set[int] = set()
+        self.searches: dict[int, _Searching] = {}
 
     async def run(self) -> Outcome:
         for i, t in enumerate(self.tasks):
@@ -180,6 +232,8 @@ class Pool:
                 _, kind, _, arg = heapq.heappop(events)
                 if kind == _FINISH:
                     self._finish(now, *arg)  # type: ignore[misc]
+                elif kind == _PROBE:
+                    self._probed(now, *arg)  # type: ignore[misc]
                 elif kind == _WITHDRAW:
                     self._withdraw(now, arg)  # type: ignore[arg-type]
                 elif self.out.state[arg] == State.WAITING:  # type: ignore[call-overload]
@@ -373,6 +427,9 @@ class Pool:
                     self._record(j, "running", now)
                     held.append(j)
         primary, secondaries = held[-1], held[:-1]
+        if primary in self.after_failure:
+            self.after_failure.discard(primary)
+            self.out.extra_runs += 1
         if primary != i:
             self.out.state[i], self.out.state[primary] = State.HELD, State.RUNNING
         duration = self.durations.of(self.tasks[primary])
@@ -393,23 +450,137 @@ class Pool:
             and other.deadline_ms > now
         )
 
+    def _fails(self, i: int, now: int) -> bool:
+        """Whether task ``i``'s next run fails: broken, recorded failed, or an intermittent
+        failure drawn for this run (its ``k``-th) from its own seeded stream."""
+        task = self.tasks[i]
+        self.executions[i] += 1
+        failed = task.broken or task.outcome == "failed"
+        if not failed and self.history.intermittent:
+            draw = random.Random(f"{self.seed}/{task.task_id}/{self.executions[i]}").random()
+            failed = draw < self.history.intermittent
+        if failed and self.out.failed_ms[i] < 0:
+            self.out.failed_ms[i] = now
+        return failed
+
+    def _result(self, i: int, failed: bool, now: int) -> None:
+        """Task ``i`` resolves with its own result; a completed one schedules its dependents."""
+        state = State.FAILED if failed else State.COMPLETED
+        self._resolve(i, state, now)
+        self._record(i, state.name.lower(), now)
+        if state == State.COMPLETED:
+            for d in self.dependents.get(i, ()):
+                self.blocked[d] -= 1
+                if not self.blocked[d]:
+                    self._at(max(now, self.tasks[d].scheduled_ms), _ARRIVE, d)
+
     def _finish(self, now: int, primary: int, run: int) -> None:
         if primary not in self.running or self.out.runs[primary] != run:
             return  # canceled meanwhile: its worker stopped then
         _, secondaries = self.running.pop(primary)
-        task = self.tasks[primary]
-        self.idle[task.task_queue] += 1
-        state = State.FAILED if task.outcome == "failed" else State.COMPLETED
-        self._resolve(primary, state, now)
-        self._record(primary, state.name.lower(), now)
-        for j in secondaries:
-            if self.secondary_of.get(j) != primary:
-                continue  # canceled by a policy meanwhile
+        failed = self._fails(primary, now)
+        held = [j for j in secondaries if self.secondary_of.get(j) == primary]  # not canceled
+        if failed and held and self.on_failure is PrimaryFailure.BISECT:
+            self._bisect(now, primary, held)
+            return
+        self.idle[self.tasks[primary].task_queue] += 1
+        self._result(primary, failed, now)
+        for j in held:
             del self.secondary_of[j]
-            self._resolve(j, State.SUPERSEDED, now, by=primary)
-            self._record(j, "exception", now, "superseded")
-        if state == State.COMPLETED:
-            for d in self.dependents.get(primary, ()):
-                self.blocked[d] -= 1
-                if not self.blocked[d]:
-                    self._at(max(now, self.tasks[d].scheduled_ms), _ARRIVE, d)
+            if failed and self.on_failure is PrimaryFailure.RELEASE:
+                self.after_failure.add(j)
+                self._rerun(j, now)
+            else:
+                self._resolve(j, State.SUPERSEDED, now, by=primary)
+                self._record(j, "exception", now, "superseded")
+
+    # -- a bisection on the failed primary's worker (--on-primary-failure bisect) -----------
+    def _bisect(self, now: int, primary: int, held: list[int]) -> None:
+        """The primary failed: its worker keeps what it held and searches it."""
+        order = sorted(held, key=lambda j: (self.tasks[j].order, self.tasks[j].task_id))
+        found = _Searching(
+            primary=primary,
+            pushes=[*order, primary],
+            search=Bisection.start(len(order), self.bisect_confirm),
+            started_ms=now,
+            longest_ms=self.out.worked_ms[primary],
+        )
+        self.searches[primary] = found
+        self._probe(now, found)
+
+    def _probe(self, now: int, found: _Searching) -> None:
+        """Settle what can no longer stand for others, take out of the search the victims
+        canceled meanwhile or whose deadline comes within twice the longest run (released to
+        run themselves, as the shim does), then run the next push the search asks for, or
+        conclude."""
+        search = found.search
+        self._settle(now, found, search.keep)
+        for k, j in enumerate(found.pushes):
+            if k in search.verdicts or k in search.dropped:
+                continue
+            gone = self.out.state[j] in RESOLVED
+            due = self.tasks[j].deadline_ms <= now + 2 * found.longest_ms
+            if not gone and k < search.n and due:
+                self.secondary_of.pop(j, None)
+                self.after_failure.add(j)
+                self._rerun(j, now)
+                gone = True
+            if gone:
+                search.drop(k)
+        probe = search.next()
+        if probe is None:
+            self._conclude(now, found)
+            return
+        j = found.pushes[probe.index]
+        duration = self.durations.of(self.tasks[j])
+        found.longest_ms = max(found.longest_ms, duration)
+        self.out.worker_ms += duration
+        self.out.worked_ms[j] += duration
+        self.out.extra_runs += 1
+        self._at(now + duration, _PROBE, (found.primary, probe.index))
+
+    def _probed(self, now: int, primary: int, index: int) -> None:
+        found = self.searches[primary]
+        j = found.pushes[index]
+        if self.out.state[j] not in RESOLVED:  # else canceled while it ran: dropped next
+            found.search.record(index, not self._fails(j, now))
+        self._probe(now, found)
+
+    def _settle(self, now: int, found: _Searching, keep: set[int]) -> None:
+        """Resolve with its own result every push that ran and is not in ``keep``."""
+        for k, passed in found.search.verdicts.items():
+            j = found.pushes[k]
+            if k not in keep and self.out.state[j] not in RESOLVED:
+                self.secondary_of.pop(j, None)
+                self._result(j, not passed, now)
+
+    def _conclude(self, now: int, found: _Searching) -> None:
+        """The search is over: each victim that did not run is superseded by the push that
+        stands for it, what ran resolves with its own result, anything else is released to
+        run itself; the worker is free."""
+        search, pushes, primary = found.search, found.pushes, found.primary
+        for k, by in stand_ins(search).items():
+            j = pushes[k]
+            if self.secondary_of.get(j) == primary:
+                del self.secondary_of[j]
+                self._resolve(j, State.SUPERSEDED, now, by=pushes[by])
+                self._record(j, "exception", now, "superseded")
+        self._settle(now, found, set())
+        for j in pushes[:-1]:
+            if self.secondary_of.get(j) == primary:
+                del self.secondary_of[j]
+                self.after_failure.add(j)
+                self._rerun(j, now)
+        del self.searches[primary]
+        self.idle[self.tasks[primary].task_queue] += 1
+        culprit, good = search.culprit, search.last_good
+        self.out.searches.append(
+            Search(
+                primary=primary,
+                culprit=-1 if culprit is None else pushes[culprit],
+                last_good=-1 if good is None else pushes[good],
+                started_ms=found.started_ms,
+                ended_ms=now,
+                runs=len(search.runs) - 1,
+            )
+        )

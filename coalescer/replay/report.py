@@ -77,6 +77,30 @@ ROWS: tuple[tuple[str, Any], ...] = (
 )
 
 
+#: Rows after failed primaries, shown when the history has regressions or intermittent
+#: failures, or a configuration spent extra runs.
+FAILURE_ROWS: tuple[tuple[str, Any], ...] = (
+    ("regressions", lambda s: f"{s.regressions:,}"),
+    ("  seen failing", lambda s: f"{s.seen:,}"),
+    ("  located to their push", lambda s: f"{s.located:,}"),
+    ("culprits named wrongly", lambda s: f"{s.wrong_culprits:,}"),
+    ("bisections", lambda s: f"{s.bisections:,}"),
+    ("extra runs", lambda s: f"{s.extra_runs:,}"),
+    ("failing run to culprit p50", lambda s: duration(s.locate_p50_s)),
+    ("failing run to culprit p95", lambda s: duration(s.locate_p95_s)),
+)
+
+
+def rows(report: Report) -> tuple[tuple[str, Any], ...]:
+    """The table's rows for this report: :data:`ROWS`, then :data:`FAILURE_ROWS` when the
+    history can fail (regressions, intermittent failures) or a configuration spent runs."""
+    history = report.history
+    fails = history.intermittent > 0 or any(t.broken for t in history.tasks)
+    if fails or any(s.extra_runs or s.regressions for s in report.summaries):
+        return ROWS + FAILURE_ROWS
+    return ROWS
+
+
 def recorded(history: History) -> str | None:
     """What really happened, in one line, for a recorded history."""
     seen = history.recorded()
@@ -97,9 +121,9 @@ def table(report: Report) -> str:
     """Configurations side by side (then what really happened, for a recorded history), then
     each key's push-to-result p50/p95 and pushes without a result of their own."""
     names = [s.name for s in report.summaries]
-    rows = [["", *names]]
-    rows += [[label, *(show(s) for s in report.summaries)] for label, show in ROWS]
-    text = _grid(rows)
+    lines = [["", *names]]
+    lines += [[label, *(show(s) for s in report.summaries)] for label, show in rows(report)]
+    text = _grid(lines)
     if (line := recorded(report.history)) is not None:
         text += "\n" + line
     key_rows = [["key: p50/p95 (no own result)", *names]]
@@ -186,7 +210,7 @@ def html(report: Report) -> str:
         report=report,
         history=report.history_json(),
         recorded=recorded(report.history),
-        rows=[(label, [show(s) for s in report.summaries]) for label, show in ROWS],
+        rows=[(label, [show(s) for s in report.summaries]) for label, show in rows(report)],
         rule_tables=[
             (s.name, [rule_cells(r) for r in s.rules]) for s in report.summaries if by_rule(s)
         ],

@@ -22,7 +22,7 @@ from functools import lru_cache
 
 from coalescer import model
 from coalescer.errors import ConfigError, InvalidInput
-from coalescer.policy import Policy, Rule, Strategy, rules
+from coalescer.policy import Policy, PrimaryFailure, Rule, Strategy, rules
 from coalescer.replay.enforcing import PoolEnforcer
 from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, Pool
@@ -43,7 +43,11 @@ class Config:
     thresholds (supersede only when more than ``size`` tasks are pending and the oldest waited
     more than ``age`` seconds); a policy strategy deciding on arrival for every key, with the
     same thresholds; or a policy file (``rules``, named ``label``), each key with its own rule,
-    as ``coalescer enforce`` reads it."""
+    as ``coalescer enforce`` reads it.
+
+    ``on_failure`` is what a worker does with its secondaries when its primary fails
+    (``--on-primary-failure``; ``None``: the default, ``supersede``), with ``bisect_confirm``
+    for ``bisect``; for ``latest-wins``/``first-wins``, the rule's ``on-primary-failure``."""
 
     supersede: bool
     age: int | None = None
@@ -51,6 +55,8 @@ class Config:
     strategy: str = "on-claim"
     rules: Policy | None = None
     label: str = ""
+    on_failure: PrimaryFailure | None = None
+    bisect_confirm: int = 1
 
     @property
     def on_arrival(self) -> bool:
@@ -65,31 +71,57 @@ class Config:
             return f"policy {self.label}"
         age = "" if self.age is None else f" age>{self.age}s"
         size = "" if self.size is None else f" size>{self.size}"
+        failure = "" if self.on_failure is None else f", {self.on_failure}"
+        if self.on_failure is PrimaryFailure.BISECT and self.bisect_confirm != 1:
+            failure += f" confirm {self.bisect_confirm}"
         if self.strategy in POLICIES:
-            return self.strategy + age + size
-        return "on-claim" + (age + size or " always")
+            return self.strategy + age + size + failure
+        return "on-claim" + (age + size or " always") + failure
 
     @classmethod
     def parse(cls, text: str) -> Config:
         """``off``; ``on-claim``, ``latest-wins`` or ``first-wins``, each optionally followed
         by ``,age=S,size=N``; or ``age=S,size=N`` alone (on claim). Either threshold may be
-        left out."""
+        left out. Any but ``off`` may add ``,on-primary-failure=supersede|release|bisect``
+        and, with ``bisect`` (on claim only), ``,bisect-confirm=N``."""
         parts = [p.strip() for p in text.split(",")]
         if parts == ["off"]:
             return cls(False)
         strategy = "on-claim"
         if parts[0] in ("on-claim", *POLICIES):
             strategy, parts = parts[0], parts[1:]
-        found: dict[str, int] = {}
+        found: dict[str, str] = {}
         for part in parts:
-            m = re.fullmatch(r"(age|size)\s*=\s*(\d+)", part)
-            if not m or m.group(1) in found:
+            m = re.fullmatch(
+                r"(age|size|bisect-confirm)\s*=\s*(\d+)|(on-primary-failure)\s*=\s*"
+                r"(supersede|release|bisect)",
+                part,
+            )
+            name = m and (m.group(1) or m.group(3))
+            if not m or not name or name in found:
                 raise InvalidInput(
                     f"bad configuration {text!r}: use off, on-claim, latest-wins or first-wins, "
-                    "optionally with age=SECONDS,size=N (e.g. age=3600,size=5)"
+                    "optionally with age=SECONDS,size=N (e.g. age=3600,size=5) and "
+                    "on-primary-failure=supersede|release|bisect (bisect-confirm=N)"
                 )
-            found[m.group(1)] = int(m.group(2))
-        return cls(True, found.get("age"), found.get("size"), strategy)
+            found[name] = m.group(2) or m.group(4)
+        failure = found.get("on-primary-failure")
+        on_failure = None if failure is None else PrimaryFailure(failure)
+        if "bisect-confirm" in found and on_failure is not PrimaryFailure.BISECT:
+            raise InvalidInput(f"bad configuration {text!r}: bisect-confirm needs bisect")
+        if on_failure is PrimaryFailure.BISECT and strategy != "on-claim":
+            raise InvalidInput(
+                f"bad configuration {text!r}: bisect is modelled for workers that supersede on "
+                "claim (coalescer worker --on-primary-failure bisect), not for the enforcer yet"
+            )
+        return cls(
+            True,
+            None if "age" not in found else int(found["age"]),
+            None if "size" not in found else int(found["size"]),
+            strategy,
+            on_failure=on_failure,
+            bisect_confirm=int(found.get("bisect-confirm", 1)),
+        )
 
     @classmethod
     def from_policy(cls, policy: Policy, label: str) -> Config:
@@ -103,7 +135,7 @@ class Config:
             return self.rules
         if not self.supersede:
             return rules.Policy()
-        return _one_rule(self.strategy, self.age, self.size)
+        return _one_rule(self.strategy, self.age, self.size, self.on_failure)
 
     def rule_for(self, task: TaskSpec) -> Rule:
         """The rule a task follows: its first key's (the one its worker would ask about)."""
@@ -111,10 +143,14 @@ class Config:
 
 
 @lru_cache(maxsize=64)
-def _one_rule(strategy: str, age: int | None, size: int | None) -> Policy:
+def _one_rule(
+    strategy: str, age: int | None, size: int | None, on_failure: PrimaryFailure | None = None
+) -> Policy:
     rule: dict[str, object] = {"name": strategy, "keys": "**", "strategy": strategy}
     if strategy != Strategy.ON_CLAIM:  # on claim, the thresholds are the worker's question's
         rule |= {k: v for k, v in (("age", age), ("size", size)) if v is not None}
+        if on_failure is not None:
+            rule["on-primary-failure"] = str(on_failure)
     return rules.parse({"rules": [rule]}, "replay")
 
 
@@ -247,7 +283,14 @@ async def replay(
             kind = PolicyIndex if config.on_arrival else StoreIndex
             index = kind(store, f"replay.{run}.{n}.", config)
         try:
-            return await Pool(history, index, seed=seed, progress=progress).run()
+            return await Pool(
+                history,
+                index,
+                seed=seed,
+                progress=progress,
+                on_failure=config.on_failure or PrimaryFailure.SUPERSEDE,
+                bisect_confirm=config.bisect_confirm,
+            ).run()
         finally:
             if index is not None:
                 await index.forget()

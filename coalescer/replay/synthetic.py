@@ -5,6 +5,14 @@ Each push creates, per platform, one build task (key ``build.<platform>``, task 
 ``test.<platform>.<suite>``, task queue ``replay/test-<platform>``). Pushes arrive as a Poisson
 process whose rate follows :data:`DAILY` (busy working hours, quiet nights); run times are
 log-normal around the given medians. The same arguments and seed give the same history.
+
+Regressions and intermittent failures (both off by default): a push breaks each of its keys
+that passes with probability ``regression_rate``, and the breakage lasts ``1 .. fix_after``
+pushes of that key (uniformly drawn), the push after it fixing it; every task of a broken push
+fails (:attr:`TaskSpec.broken <coalescer.replay.history.TaskSpec.broken>`). Any other run fails
+with probability ``intermittent_rate``, drawn per run by the pool model
+(:attr:`History.intermittent <coalescer.replay.history.History.intermittent>`). Regressions
+are drawn from their own seeded stream, so a history without them is the same as before.
 """
 
 from __future__ import annotations
@@ -42,6 +50,12 @@ class Synthetic:
     test_workers: int = 6
     deadline_hours: float = 24.0
     seed: int = 0
+    #: Probability that a push breaks a key that passes (per push and key).
+    regression_rate: float = 0.0
+    #: A breakage lasts 1 .. fix_after pushes of its key (uniformly drawn).
+    fix_after: int = 3
+    #: Probability that a run of a task that is not broken fails all the same.
+    intermittent_rate: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("hours", "pushes_per_hour", "build_minutes", "test_minutes"):
@@ -52,6 +66,11 @@ class Synthetic:
                 raise InvalidInput(f"synthetic {name} must be at least 1")
         if self.suites < 0 or self.spread < 0:
             raise InvalidInput("synthetic suites and spread must not be negative")
+        for name in ("regression_rate", "intermittent_rate"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise InvalidInput(f"synthetic {name} must be between 0 and 1")
+        if self.fix_after < 1:
+            raise InvalidInput("synthetic fix_after must be at least 1")
 
     @property
     def tasks_per_push(self) -> int:
@@ -72,8 +91,27 @@ def push_times(spec: Synthetic, rng: random.Random) -> list[int]:
             times.append(int(t))
 
 
+class Regressions:
+    """Which pushes of each key are broken: a key that passes breaks with probability
+    ``rate`` at each push, for ``1 .. fix_after`` pushes. Its own seeded stream."""
+
+    def __init__(self, spec: Synthetic) -> None:
+        self.rate, self.fix_after = spec.regression_rate, spec.fix_after
+        self.rng = random.Random(f"{spec.seed}/regressions")
+        self.left: dict[str, int] = {}  # broken pushes still to come, per key
+
+    def broken(self, key: str) -> bool:
+        """Whether the next push of ``key`` is broken."""
+        left = self.left.get(key, 0)
+        if not left and self.rate and self.rng.random() < self.rate:
+            left = self.rng.randint(1, self.fix_after)
+        self.left[key] = max(0, left - 1)
+        return left > 0
+
+
 def generate(spec: Synthetic) -> History:
     rng = random.Random(spec.seed)
+    regressions = Regressions(spec)
     tasks: list[TaskSpec] = []
 
     def task_id() -> str:
@@ -100,6 +138,7 @@ def generate(spec: Synthetic) -> History:
                 scheduled_ms=at,
                 deadline_ms=at + deadline,
                 duration_ms=duration(spec.build_minutes),
+                broken=regressions.broken(f"build.{platform}"),
             )
             tasks.append(build)
             for s in range(spec.suites):
@@ -113,6 +152,13 @@ def generate(spec: Synthetic) -> History:
                         deadline_ms=at + deadline,
                         dependencies=(build.task_id,),
                         duration_ms=duration(spec.test_minutes),
+                        broken=regressions.broken(f"test.{platform}.s{s + 1}"),
                     )
                 )
-    return History.build(tasks, workers=workers, source=f"synthetic (seed {spec.seed})")
+    source = f"synthetic (seed {spec.seed})"
+    if spec.regression_rate or spec.intermittent_rate:
+        source = (
+            f"synthetic (seed {spec.seed}; regressions {spec.regression_rate:g} a push, fixed "
+            f"within {spec.fix_after}; intermittent {spec.intermittent_rate:g} a run)"
+        )
+    return History.build(tasks, workers=workers, source=source, intermittent=spec.intermittent_rate)

@@ -1,8 +1,9 @@
 """``coalescer worker``: the reference worker on the command line.
 
 Queue credentials come from ``TASKCLUSTER_ROOT_URL``, ``TASKCLUSTER_CLIENT_ID`` and
-``TASKCLUSTER_ACCESS_TOKEN`` (``taskcluster.optionsFromEnvironment()``); SIGTERM or SIGINT
-stops claiming and releases held tasks with ``worker-shutdown``. With ``--livelog-port`` the
+``TASKCLUSTER_ACCESS_TOKEN`` (``taskcluster.optionsFromEnvironment()``), the token for reporting
+bisections to the superseder service from ``--report-token-env`` or ``COALESCER_INGEST_TOKEN``.
+SIGTERM or SIGINT stops claiming and releases held tasks with ``worker-shutdown``. With ``--livelog-port`` the
 running tasks' logs are served live from this process.
 """
 
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import signal
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import taskcluster
 
 from coalescer.errors import ConfigError
-from coalescer.settings import Settings
+from coalescer.settings import Secret, Settings
 from coalescer.worker.protocol import OnPrimaryFailure, Options, Order, SupersedeAs
 
 log = logging.getLogger("coalescer.worker")
@@ -75,6 +77,13 @@ def register(subparsers: Any) -> None:
         help="with bisect: rerun a failing task up to N times before the search trusts the "
         "failure; a rerun that passes marks it intermittent (default 1; 0 trusts every failure)",
     )
+    p.add_argument(
+        "--report-token-env",
+        metavar="NAME",
+        help="with bisect: the environment variable holding the bearer token for the superseder "
+        "service's POST /v1/bisections, where each finding is reported (default: "
+        "COALESCER_INGEST_TOKEN when set; without a token findings are not reported)",
+    )
     p.add_argument("--max-supersede", type=int, default=32, metavar="N", help="tasks per set")
     p.add_argument("--claim-concurrency", type=int, default=8, metavar="N")
     p.add_argument(
@@ -113,6 +122,12 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--bisect-confirm must be >= 0")
     if args.livelog_port is not None and not 0 <= args.livelog_port <= 65535:
         raise ConfigError("--livelog-port must be 0-65535")
+    report_token = settings.ingest_token
+    if args.report_token_env is not None:
+        value = os.environ.get(args.report_token_env)
+        if not value:
+            raise ConfigError(f"--report-token-env: {args.report_token_env} is not set")
+        report_token = Secret(value)
     options = Options(
         allow=tuple(args.superseder_allow),
         timeout=args.superseder_timeout,
@@ -120,12 +135,18 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         supersede_as=SupersedeAs(args.resolve_superseded_as),
         on_primary_failure=OnPrimaryFailure(args.on_primary_failure),
         bisect_confirm=args.bisect_confirm,
+        report_token=report_token,
         route_prefix=settings.route_prefix,
         max_tasks=args.max_supersede,
         claim_concurrency=args.claim_concurrency,
     )
     if not options.allow:
         log.warning("no --superseder-allow prefix: every task runs alone (superseding is off)")
+    if options.on_primary_failure is OnPrimaryFailure.BISECT and report_token is None:
+        log.warning(
+            "no report token (--report-token-env, COALESCER_INGEST_TOKEN): the culprits "
+            "bisections locate are logged here but not reported to the superseder service"
+        )
     asyncio.run(_main(args, tc, options))
     return 0
 

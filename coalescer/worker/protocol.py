@@ -20,6 +20,7 @@ import orjson
 
 from coalescer.errors import CoalescerError, InvalidInput
 from coalescer.model import check_task_id, keys_from_routes
+from coalescer.settings import Secret
 
 SUPERSEDED_BY = "public/superseded-by.json"
 SUPERSEDES = "public/supersedes.json"
@@ -136,6 +137,9 @@ class Options:
     on_primary_failure: OnPrimaryFailure = OnPrimaryFailure.SUPERSEDE
     #: With ``bisect``: reruns that confirm a failure before the search trusts it (0: none).
     bisect_confirm: int = 1
+    #: With ``bisect``: the bearer token for the superseder service's ``POST /v1/bisections``
+    #: (its ``COALESCER_INGEST_TOKEN``); None: findings are not reported.
+    report_token: Secret | None = dataclasses.field(default=None, repr=False)
     route_prefix: str = "coalesce.v1"
     #: At most this many tasks (the initial one included) are claimed per task set.
     max_tasks: int = 32

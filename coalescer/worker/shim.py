@@ -9,7 +9,8 @@
    primary ``public/supersedes.json`` and its own resolution. After a failed primary, with
    ``on_primary_failure`` ``bisect``, the secondaries are bisected first
    (:mod:`coalescer.worker.culprit`): a few run, the others are superseded by the run that
-   stands for them.
+   stands for them; the finding is then reported to the superseder service
+   (``POST /v1/bisections``, with ``Options.report_token``).
 
 If the primary's claim is lost (canceled) or ``stop`` is set (worker shutdown), ``execute`` is
 cancelled and the held runs are released with ``worker-shutdown`` so that the queue retries
@@ -29,7 +30,8 @@ from typing import Any
 import aiohttp
 import httpx
 
-from coalescer.worker import notice, superseder
+from coalescer.worker import findings, notice, superseder
+from coalescer.worker.allow import AmbiguousUrl, canonical_url, url_allowed
 from coalescer.worker.claims import Claim, Clock, Connection, Keeper, claim_listed, utcnow
 from coalescer.worker.culprit import Finding, Search
 from coalescer.worker.notice import Why
@@ -309,6 +311,8 @@ class Shim:
                 waiter.cancel()
             await asyncio.gather(*waiters, return_exceptions=True)
             await keeper.close()
+        if report.bisection is not None and report.aborted is None:
+            await self._report(taskset, report.bisection)
         return report
 
     def _outcome(self, job: asyncio.Task[Outcome], primary: Claim) -> Outcome:
@@ -350,6 +354,71 @@ class Shim:
         some secondary still held."""
         fate = secondary_fate(outcome, self.options.on_primary_failure)
         return fate == "bisect" and any(not c.done for c in taskset.secondaries)
+
+    async def _report(self, taskset: TaskSet, found: Finding) -> None:
+        """Report a bisection's finding to the superseder service (``POST /v1/bisections``),
+        for its API, pages and metrics. Best effort, once every held run is resolved: a
+        failure is a warning, never a change to the tasks. The token goes only to a URL under
+        an allowed prefix (``--superseder-allow``), as the superseder's own URL does."""
+        token = self.options.report_token
+        if token is None:
+            log.debug("bisection finding not reported: no report token (--report-token-env)")
+            return
+        task = taskset.initial.task
+        routes = list(task.get("routes") or [])
+        prefix = self.options.route_prefix
+        try:
+            url = superseder_url(task)
+            key = findings.reported_key(url, routes, prefix)
+            target = findings.report_url(url, routes, prefix)
+            if key is None or target is None:
+                raise AmbiguousUrl(f"its supersederUrl {url} names none of its {prefix}.* keys")
+            target = canonical_url(target)
+            if not url_allowed(target, self.options.allow):
+                raise AmbiguousUrl(f"{target} is not under an allowed prefix (--superseder-allow)")
+        except (SupersederError, AmbiguousUrl) as exc:
+            log.warning("bisection finding after %r not reported: %s", taskset.primary, exc)
+            return
+        body = findings.finding_json(
+            found,
+            key=key,
+            by=f"worker {self.worker_group}/{self.worker_id}",
+            primary=_ref(taskset.primary),
+            located=self.clock(),
+            listed=taskset.listed,
+        )
+        headers = {"authorization": f"Bearer {token.reveal()}"}
+        try:
+            async with asyncio.timeout(self.options.timeout):
+                response = await self.http.post(
+                    target, json=body, headers=headers, follow_redirects=False
+                )
+        except TimeoutError:
+            log.warning(
+                "bisection finding not reported: %s did not answer within %g s",
+                target,
+                self.options.timeout,
+            )
+            return
+        except Exception as exc:  # best effort: whatever it is, the tasks are done
+            log.warning(
+                "bisection finding not reported to %s: %s: %s", target, type(exc).__name__, exc
+            )
+            return
+        if response.status_code != 200:
+            log.warning(
+                "bisection finding not reported: %s answered HTTP %d: %s",
+                target,
+                response.status_code,
+                response.text[:300],
+            )
+            return
+        log.info(
+            "bisection finding after %r reported to %s",
+            taskset.primary,
+            target,
+            extra={"task_id": taskset.primary.task_id},
+        )
 
     def _located(self, taskset: TaskSet, claim: Claim, stand_in: Claim, found: Finding) -> Why:
         """Why ``claim`` is superseded by ``stand_in`` after a bisection, for its log."""

@@ -61,6 +61,12 @@ class Settings:
     rank_tag: str | None = None
     max_list: int = 32
     grace_seconds: int = 3600
+    #: ``COALESCER_MAX_KEYS``: coalescing keys the index holds at most; an event that would
+    #: add another is not indexed under it (``limited``: its key answers ``[taskId]``)
+    max_keys: int = 100_000
+    #: ``COALESCER_MAX_TASKS``: tasks the index tracks at most (a task once per key it is
+    #: under); an event of another task is not indexed (``limited``)
+    max_tasks: int = 2_000_000
     ingest_token: Secret | None = None
     max_body_bytes: int = 1 << 20
     #: ``COALESCER_MAX_HEADER_BYTES``: largest request head (request line and headers)
@@ -164,6 +170,8 @@ class Settings:
             rank_tag=get("COALESCER_RANK_TAG"),
             max_list=integer("COALESCER_MAX_LIST", cls.max_list, 1),
             grace_seconds=integer("COALESCER_GRACE_SECONDS", cls.grace_seconds, 0),
+            max_keys=integer("COALESCER_MAX_KEYS", cls.max_keys, 1, 100_000_000),
+            max_tasks=integer("COALESCER_MAX_TASKS", cls.max_tasks, 1, 1_000_000_000),
             ingest_token=Secret(token) if token else None,
             max_body_bytes=integer("COALESCER_MAX_BODY_BYTES", cls.max_body_bytes, 1024),
             max_header_bytes=integer("COALESCER_MAX_HEADER_BYTES", cls.max_header_bytes, 1024),

@@ -48,12 +48,13 @@ def named_tasks(finding: Mapping[str, Any]) -> list[str]:
     return list(seen)
 
 
-async def record(store: Pipelining, finding: Mapping[str, Any], located_ms: int) -> None:
-    """Record ``finding`` (see the module docstring) under its ``key``."""
+async def record(store: Pipelining, finding: Mapping[str, Any], located_ms: int) -> bool:
+    """Record ``finding`` (see the module docstring) under its ``key``; False when the same
+    finding was recorded already (a retry)."""
     tasks = named_tasks(finding)
     body = orjson.dumps({**finding, "tasks": tasks})
     primary = finding["primary"]["taskId"]
-    await store._pipeline(
+    (new,) = await store._pipeline(
         lambda pipe: store._eval(
             pipe,
             "bisect",
@@ -66,6 +67,7 @@ async def record(store: Pipelining, finding: Mapping[str, Any], located_ms: int)
             *tasks,
         )
     )
+    return bool(new)
 
 
 async def for_task(store: Pipelining, names: Sequence[str], task_id: str) -> list[dict[str, Any]]:

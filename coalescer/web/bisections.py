@@ -214,18 +214,10 @@ async def post_bisection(request: Request) -> Response:
         raise InvalidInput(f"body is not JSON: {exc}") from exc
     finding = check(doc)
     store: Store = request.app.state.store
-    primary = finding["primary"]["taskId"]
-    before = await bisections.for_task(store, [finding["key"]], primary)
-    new = not any(_same(old, finding) for old in before)
-    located_ms = model.parse_time_ms(finding["located"])
-    await bisections.record(store, finding, located_ms)
+    new = await bisections.record(store, finding, model.parse_time_ms(finding["located"]))
     if new:
         bisection_recorded(finding, "http")
     return JSON({"finding": {**finding, "tasks": bisections.named_tasks(finding)}, "new": new})
-
-
-def _same(stored_finding: Mapping[str, Any], finding: Mapping[str, Any]) -> bool:
-    return {k: v for k, v in stored_finding.items() if k != "tasks"} == finding
 
 
 def role(finding: Mapping[str, Any], task_id: str) -> str | None:

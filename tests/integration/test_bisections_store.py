@@ -44,8 +44,8 @@ def finding(primary: str, culprit: str, good: str, key: str = "k") -> dict[str, 
 
 async def test_a_finding_is_found_by_every_task_it_names(store: Store) -> None:
     one = finding("P1", "C1", "G1")
-    await bisections.record(store, one, 1000)
-    await bisections.record(store, one, 1000)  # a retry changes nothing
+    assert await bisections.record(store, one, 1000)
+    assert not await bisections.record(store, one, 1000)  # a retry changes nothing
     for task_id in ("P1", "C1", "G1", "olderP1"):
         [found] = await bisections.for_task(store, ["other", "k"], task_id)
         assert found["culprit"]["taskId"] == "C1"

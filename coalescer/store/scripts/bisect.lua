@@ -7,9 +7,10 @@
 -- t:<task_id> -> primary for each of them; bt orders the primaries by when their finding was
 -- located. A repeat of the same finding (a retry) changes nothing but the expiry. Only the
 -- newest `keep` findings are kept, with the lookups that point at them.
--- Returns the number of findings forgotten.
+-- Returns 1 when the finding is new (not the same finding again), else 0.
 local b, bt = KEYS[1], KEYS[2]
 local primary, at, finding, ttl, keep = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local new = redis.call('HGET', b, primary) ~= finding and 1 or 0
 local named = {}
 for i = 6, #ARGV do
   redis.call('HSET', b, 't:' .. ARGV[i], primary)
@@ -17,7 +18,6 @@ for i = 6, #ARGV do
 end
 redis.call('HSET', b, primary, finding, 'n:' .. primary, table.concat(named, ' '))
 redis.call('ZADD', bt, at, primary)
-local forgotten = 0
 local extra = redis.call('ZCARD', bt) - keep
 if extra > 0 then
   for _, old in ipairs(redis.call('ZRANGE', bt, 0, extra - 1)) do
@@ -27,10 +27,9 @@ if extra > 0 then
       end
     end
     redis.call('HDEL', b, old, 'n:' .. old)
-    forgotten = forgotten + 1
   end
   redis.call('ZREMRANGEBYRANK', bt, 0, extra - 1)
 end
 redis.call('PEXPIRE', b, ttl)
 redis.call('PEXPIRE', bt, ttl)
-return forgotten
+return new

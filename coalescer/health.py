@@ -27,6 +27,8 @@ from coalescer.errors import ConfigError, StoreUnavailable
 from coalescer.logs import Throttled
 from coalescer.model import format_time_ms
 from coalescer.store import IndexState, Store
+from coalescer.store import keyset as stored_keyset
+from coalescer.store.census import Limits
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,8 @@ class Health:
     embedded: bool = False  # the store is the in-process one, empty at every start
     #: This process rebuilds the embedded store's index from the queue (ingest.startup).
     rebuilds: bool = False
+    #: Why the index takes no new keys or tasks (``COALESCER_MAX_KEYS``, ``_MAX_TASKS``).
+    limited: str | None = None
     loops: dict[str, Loop] = dataclasses.field(default_factory=dict)
 
     def loop(self, name: str) -> Loop:
@@ -111,6 +115,8 @@ class Health:
                 f"Redis maxmemory-policy is {self.eviction}: it may evict index keys without "
                 "an error. Set maxmemory-policy noeviction."
             )
+        if self.limited is not None:
+            out.append(f"The index is at its limits: {self.limited}.")
         out.extend(
             f"Background task {lp.name} keeps failing: {lp.stopped or lp.last_error}"
             for lp in self.loops.values()
@@ -124,6 +130,7 @@ class Health:
             "writable": "ok" if self.store_down is None else "error",
             "eviction": "ok" if self.eviction is None else "warning",
             "index": {None: "unknown", True: "ok", False: "warning"}[self.index_complete],
+            "limits": "ok" if self.limited is None else "warning",
             "background": "error" if any(lp.failing for lp in self.loops.values()) else "ok",
         }
         details: dict[str, Any] = {
@@ -138,6 +145,8 @@ class Health:
             )
         if self.index is not None and self.index.state != "ok":
             details["index"] = self.index_message()
+        if self.limited is not None:
+            details["limits"] = self.limited
         return {"checks": checks, "details": details}
 
     def index_message(self) -> str:
@@ -320,3 +329,33 @@ async def watch_store(store: Store, health: Health) -> None:
         log.warning("the index store holds no marker (new, or emptied): %s", index_message(state))
     elif state.state == "ok" and before is not None and before.state != "ok":
         log.info("the index was rebuilt from the queue; superseding covers every pending task")
+    await watch_limits(store, health)
+
+
+async def watch_limits(store: Store, health: Health) -> None:
+    """Whether the index is at its limits (keys, tracked tasks), said once when it gets there
+    and once when it has room again; the events refused meanwhile are logged by ingest."""
+    known, tasks, limits = await stored_keyset.size(store)
+    message = None if limits is None else limits_message(known, tasks, limits)
+    if message is not None and health.limited is None:
+        log.warning("the index is at its limits: %s", message)
+    elif message is None and health.limited is not None:
+        log.info("the index has room again: %d keys, %d tasks tracked", known, tasks)
+    health.limited = message
+
+
+def limits_message(known: int, tasks: int, limits: Limits) -> str | None:
+    """What a person must know of the index at ``known`` keys and ``tasks`` tracked tasks,
+    or ``None`` while it has room."""
+    full = []
+    if known >= limits.keys:
+        full.append(f"{known} keys of COALESCER_MAX_KEYS={limits.keys}")
+    if tasks >= limits.tasks:
+        full.append(f"{tasks} tracked tasks of COALESCER_MAX_TASKS={limits.tasks}")
+    if not full:
+        return None
+    refused = "new tasks" if tasks >= limits.tasks else "tasks of new keys"
+    return (
+        f"{' and '.join(full)}; events of {refused} are not indexed (answered 'limited', and "
+        "queries answer them [taskId] alone) until tasks expire or the limits are raised"
+    )

@@ -150,7 +150,12 @@ class Sampler:
     or were last written :data:`CARRY` buckets ago or more (so that idle keys cost nothing).
 
     Remembers the keys of the last round only (:meth:`due`, :meth:`wrote` then :meth:`done`
-    each round); a sample whose write failed is due again."""
+    each round), and at most :data:`KEYS` of them, so that the process's memory does not grow
+    with the index: a key beyond them is written every round. A sample whose write failed is
+    due again."""
+
+    #: Keys remembered at most (about 150 bytes each).
+    KEYS = 10_000
 
     def __init__(self, retention: Retention) -> None:
         self.retention = retention
@@ -163,8 +168,9 @@ class Sampler:
         horizon = CARRY * self.retention.bucket_ms
         out = []
         for key, value in samples:
-            self._seen.add(key)
             last = self._written.get(key)
+            if last is not None:
+                self._seen.add(key)
             if last is None or last[0] != value or start - last[1] >= horizon:
                 out.append((key, value))
         return out
@@ -172,7 +178,9 @@ class Sampler:
     def wrote(self, samples: Iterable[tuple[str, int]], now_ms: int) -> None:
         start = self.retention.start(now_ms)
         for key, value in samples:
-            self._written[key] = (value, start)
+            if key in self._written or len(self._written) < self.KEYS:
+                self._written[key] = (value, start)
+                self._seen.add(key)
 
     def done(self) -> None:
         """The end of a round: forget the keys it did not see (forgotten keys)."""

@@ -49,6 +49,8 @@ class Tally:
     with_pending: int = 0
     pending: int = 0
     oldest_since_ms: int | None = None
+    #: Tasks tracked, under every key (the census behind ``COALESCER_MAX_TASKS``).
+    tracked: int = 0
 
     def add(self, pending: int, oldest_since_ms: int | None) -> None:
         """Count one key with ``pending`` tasks, the oldest pending since ``oldest_since_ms``."""

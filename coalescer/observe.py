@@ -88,6 +88,15 @@ CONNECTIONS_LIMIT = Gauge(
     multiprocess_mode="livesum",
 )
 
+EVENTS_LIMITED = Counter(
+    "coalescer_events_limited",
+    "Events not indexed under one of their keys because the index is at a limit, by limit "
+    "(keys: a new key past COALESCER_MAX_KEYS; tasks: a new task past COALESCER_MAX_TASKS)",
+    ["limit"],
+)
+#: Seconds between the log lines that say what the limits refused (the first at once).
+LIMITED_LOG_EVERY = 10.0
+
 CULPRITS_LOCATED = Counter(
     "coalescer_culprits_located",
     "Bisections after a failed primary that located a culprit (the first failing push), by "
@@ -107,6 +116,7 @@ STAT_NAMES = {
     "stale": "events_stale",
     "ignored": "events_ignored",
     "expired": "events_expired",
+    "limited": "events_limited",
     "invalid": "events_invalid",
     "dead-lettered": "events_dead_lettered",
 }
@@ -149,6 +159,7 @@ class Observer:
         self._seconds: collections.deque[float] = collections.deque(maxlen=buffer)
         self._counted = 0  # answers at the head of the buffer already in the metrics
         self._uncounted: collections.Counter[str] = collections.Counter()  # for /v1/stats
+        self._limited = _LimitedLog(store)
 
     def answer(
         self,
@@ -192,6 +203,7 @@ class Observer:
         """Count ingested events: ``outcomes[i]`` of a message from ``exchanges[i]``; and,
         for the history, the ``applied`` events (:meth:`applied`)."""
         self.applied(applied)
+        self._limited.catch_up()
         names: Iterable[str] = (
             map(exchange_label, exchanges) if exchanges is not None else ["other"] * len(outcomes)
         )
@@ -241,6 +253,49 @@ class Observer:
         for _ in batch:
             self._answers.popleft()
         self._counted = 0
+
+
+class _LimitedLog:
+    """Counts what the index's limits refused (the store's census) in the metrics, and says
+    so in the log: at once, then at most every :data:`LIMITED_LOG_EVERY` seconds, with
+    counts."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._seen = (0, 0)  # the census's refusals already counted
+        self._held = (0, 0)  # ... and not logged yet
+        self._logged = -LIMITED_LOG_EVERY
+
+    def catch_up(self) -> None:
+        census = self.store.census
+        keys_n, tasks_n = census.refused_keys - self._seen[0], census.refused_tasks - self._seen[1]
+        if not (keys_n or tasks_n or any(self._held)):
+            return
+        self._seen = (census.refused_keys, census.refused_tasks)
+        if keys_n:
+            EVENTS_LIMITED.labels("keys").inc(keys_n)
+        if tasks_n:
+            EVENTS_LIMITED.labels("tasks").inc(tasks_n)
+        held = (self._held[0] + keys_n, self._held[1] + tasks_n)
+        now = time.monotonic()
+        if now - self._logged < LIMITED_LOG_EVERY:
+            self._held = held
+            return
+        limits = census.limits
+        log.warning(
+            "the index is at its limits: %d events not indexed under a key since the last line "
+            "(%d of new keys past COALESCER_MAX_KEYS=%s, %d of new tasks past "
+            "COALESCER_MAX_TASKS=%s; answered 'limited', their queries answer [taskId]); the "
+            "index holds %s keys and %s tasks",
+            sum(held),
+            held[0],
+            limits.keys if limits else "?",
+            held[1],
+            limits.tasks if limits else "?",
+            census.keys,
+            census.tasks,
+        )
+        self._held, self._logged = (0, 0), now
 
 
 class _IndexGauges(Collector):

@@ -62,9 +62,10 @@ async def count(
     at = 0
     while True:
         at, listed = await stored.scan(store, at, count=step, backfill=backfill)
-        summaries = await views.summaries(store, listed, now_ms=now_ms or _now_ms())
+        summaries = await views.summaries(store, listed, now_ms=now_ms or _now_ms(), tracked=True)
         for s in summaries:
             tally.add(s.pending, s.oldest_since_ms)
+            tally.tracked += s.tracked
         if retention is not None:
             samples = [(s.key, s.pending) for s in summaries]
             if sampler is not None:  # only what changed

@@ -240,7 +240,9 @@ class Learner:
             )
             if event is None:
                 return Lookup("unscheduled", keys, detail="no run yet: nothing to index")
-            (applied,) = await self.store.apply([event], policy=self.policy)
+            # Held to the limits ingest is held to (the store's census knows them).
+            limits = self.store.census.limits
+            (applied,) = await self.store.apply([event], policy=self.policy, limits=limits)
         except TimeoutError:
             return Lookup("timeout", detail=f"the queue did not answer in {self.timeout:g} s")
         except InvalidEvent as exc:
@@ -253,6 +255,8 @@ class Learner:
             return Lookup("failed", detail=f"{type(exc).__name__}: {exc}")
         if applied == "expired":
             return Lookup("expired", keys, detail="past its deadline and grace: not indexed")
+        if applied == "limited":
+            return Lookup("limited", keys, detail="the index is at its limits: not indexed")
         return Lookup("learned", keys)
 
 

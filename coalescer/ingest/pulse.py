@@ -44,6 +44,7 @@ from coalescer.model import TaskEvent
 from coalescer.observe import HELD, STORE_ERRORS, Observer
 from coalescer.settings import Settings, redact_url
 from coalescer.store import Store
+from coalescer.store.census import Limits
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class Consumer:
             raise ConfigError("PULSE_URL is not set: nothing to listen to")
         self.url = settings.pulse_url.reveal()
         self.settings = settings
+        self._limits = Limits(settings.max_keys, settings.max_tasks)
         self.store = store
         self.observer = observer
         self.queue = queue or settings.pulse_queue or topology.default_queue(self.url)
@@ -349,7 +351,11 @@ class Consumer:
         try:
             while True:
                 try:
-                    return list(await self.store.apply(events, policy=self.settings.policy))
+                    return list(
+                        await self.store.apply(
+                            events, policy=self.settings.policy, limits=self._limits
+                        )
+                    )
                 except StoreUnavailable as exc:
                     STORE_ERRORS.labels(exc.reason).inc()
                     HELD.set(len(events))

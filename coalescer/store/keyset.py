@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from coalescer import keyset
 from coalescer.store import keys, views
+from coalescer.store.census import Limits
 
 if TYPE_CHECKING:
     from coalescer.store.redis import Store
@@ -107,8 +108,27 @@ async def save_census(store: Store, tally: keyset.Tally, counted_ms: int) -> Non
         "pending": tally.pending,
         "oldest_since_ms": "" if tally.oldest_since_ms is None else tally.oldest_since_ms,
         "counted_ms": counted_ms,
+        # Tasks ingest added since are counted from here on (census.py).
+        "tracked": tally.tracked,
+        "added": 0,
     }
     await store._pipeline(lambda pipe: pipe.hset(keys.CENSUS, mapping=record))
+
+
+async def size(store: Store) -> tuple[int, int, Limits | None]:
+    """Keys listed, tasks tracked (as last counted plus what ingest added since), and the
+    limits ingest was last held to (``None``: none yet), in one round trip; also noted in the
+    store's :attr:`~coalescer.store.Store.census`."""
+    known, (tracked, added, max_keys, max_tasks) = await store._pipeline(
+        lambda pipe: (
+            pipe.zcard(keys.KEYS_INDEX),
+            pipe.hmget(keys.CENSUS, ["tracked", "added", "max_keys", "max_tasks"]),
+        )
+    )
+    tasks = int(tracked or 0) + int(added or 0)
+    limits = Limits(int(max_keys), int(max_tasks)) if max_keys and max_tasks else None
+    store.census.seen(int(known), tasks, limits)
+    return int(known), tasks, limits
 
 
 async def totals(store: Store, *, now_ms: int | None = None) -> keyset.Totals:

@@ -31,13 +31,14 @@ from coalescer.errors import StoreError, StoreRejected, StoreUnavailable
 from coalescer.history import Retention, Slot
 from coalescer.store import history as stored_history
 from coalescer.store import keys, views
+from coalescer.store.census import Census, Limits
 from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
 from coalescer.store.policy import KeyPolicy, queue_decide
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["applied", "stale", "expired", "ignored"]
+Outcome = Literal["applied", "stale", "expired", "limited", "ignored"]
 T = TypeVar("T")
 
 _SCRIPTS = (
@@ -92,6 +93,8 @@ _CONDITION_CLASSES: tuple[tuple[type[Exception], str], ...] = (
     (redis.exceptions.TimeoutError, "timeout"),
     (redis.exceptions.ConnectionError, "unreachable"),
 )
+#: How an event's outcomes under its keys add up: the highest.
+_PRECEDENCE = {"ignored": 0, "expired": 1, "stale": 2, "limited": 3, "applied": 4}
 #: Eviction policies under which Redis never drops a key to make room.
 SAFE_POLICIES = frozenset({"noeviction"})
 
@@ -148,6 +151,8 @@ class Store:
         self.query_timeout = query_timeout
         self._sha: dict[str, str] = {}
         self._source = {name: _script(name, embedded) for name in _SCRIPTS}
+        #: How large the index is, as this process last saw it, and what it refused.
+        self.census = Census()
 
     # -- plumbing -------------------------------------------------------------------------
     async def load_scripts(self) -> None:
@@ -240,13 +245,16 @@ class Store:
         *,
         now_ms: int | None = None,
         policy: KeyPolicy | None = None,
+        limits: Limits | None = None,
     ) -> list[Outcome]:
         """Apply events in one round trip: one ``apply.lua`` call per key for up to
         :data:`APPLY_BATCH` of its events, in their order (a call touches one key's hash slot,
         and applies each event atomically, as a call per event would).
 
-        An event's outcome is ``applied`` if any of its keys took it, else ``stale`` or
-        ``expired``. Safe to repeat: versions make every call idempotent.
+        An event's outcome is ``applied`` if any of its keys took it, else ``limited`` if a
+        key refused it because of the ``limits`` (a new key or task past them: see
+        :mod:`coalescer.store.census`), else ``stale`` or ``expired``. Safe to repeat:
+        versions make every call idempotent.
 
         With a ``policy``, each event on a key whose rule decides on arrival is applied in a
         call of its own, followed in the same round trip by ``decide.lua`` (see
@@ -269,34 +277,67 @@ class Store:
         for key, _ in calls:
             positions.append(at)
             at += 2 if key in deciding else 1
+        # A key is known until the newest deadline plus grace of its tasks (keyset.py).
+        expiring: dict[str, int] = {}
+        for key, indexes in per_key.items():
+            expires = keyset.expires_ms(max(events[i].deadline_ms for i in indexes), self.grace_ms)
+            if expires > now:
+                expiring[key] = expires
+        # Within the limits, the first keys may be new, as many as there is room for (none
+        # when no task may be added: a new key holds one); every key may update what it holds.
+        census = self.census
+        budget = census.tasks_admitted(sum(map(len, per_key.values())), limits)
+        room = census.admitted(len(per_key), limits) if budget else 0
+        admit = {key: n < room for n, key in enumerate(per_key)}
+        # Each call may add as many new tasks as it has events, while the budget lasts.
+        allotted = []
+        left = budget
+        for _, indexes in calls:
+            allotted.append(min(len(indexes), left))
+            left -= allotted[-1]
+        added, refused = census.take_unsent()
 
         def fill(pipe: Any) -> None:
-            for key, indexes in calls:
+            for (key, indexes), may_add in zip(calls, allotted, strict=True):
                 self._eval(
                     pipe,
                     "apply",
                     apply_keys(key),
-                    *apply_args([events[i] for i in indexes], now, self.grace_ms, LOG_LENGTH),
+                    *apply_args(
+                        [events[i] for i in indexes],
+                        now,
+                        self.grace_ms,
+                        LOG_LENGTH,
+                        new_key=admit[key],
+                        new_tasks=may_add,
+                    ),
                 )
                 if key in deciding:
                     queue_decide(self, pipe, key, deciding[key], now, events[indexes[0]])
-            # A key is known until the newest deadline plus grace of its tasks (keyset.py).
-            expiring: dict[str, int] = {}
-            for key, indexes in per_key.items():
-                newest = max(events[i].deadline_ms for i in indexes)
-                expires = keyset.expires_ms(newest, self.grace_ms)
-                if expires > now:
-                    expiring[key] = expires
             if expiring:
-                pairs = [a for item in expiring.items() for a in item]
-                self._eval(pipe, "list", (keys.KEYS_INDEX, keys.KEYS_EXPIRY), now, *pairs)
+                triples = [a for k, e in expiring.items() for a in (k, e, int(admit[k]))]
+                self._eval(
+                    pipe,
+                    "list",
+                    (keys.KEYS_INDEX, keys.KEYS_EXPIRY, keys.CENSUS),
+                    now,
+                    added,
+                    refused,
+                    *(("", "") if limits is None else (limits.keys, limits.tasks)),
+                    *triples,
+                )
             if deciding:
                 pipe.zadd(keys.OUTBOX, {key: now for key in deciding})
 
-        replies = await self._batch(fill)
+        try:
+            replies = await self._batch(fill)
+        except BaseException:
+            census.settle(room, budget, None, 0, unsent=(added, refused))
+            raise
         failed: set[int] = set()  # events with a key whose script did not run
         errors = [store_error(r) for r in replies if isinstance(r, Exception)]
         outcomes: list[Outcome] = ["ignored"] * len(events)
+        new_tasks = refused_keys = refused_tasks = 0
         for (_key, indexes), j in zip(calls, positions, strict=True):
             result = replies[j]
             if isinstance(result, Exception):
@@ -304,10 +345,26 @@ class Store:
                 continue
             for i, raw in zip(indexes, result, strict=True):
                 got = raw.decode() if isinstance(raw, bytes) else str(raw)
-                if got == "applied" or outcomes[i] == "ignored":
+                if got == "added":
+                    got = "applied"
+                    new_tasks += 1
+                elif got == "limited":
+                    refused_tasks += 1
+                elif got == "limited-key":
+                    got = "limited"
+                    refused_keys += 1
+                if _PRECEDENCE[got] > _PRECEDENCE[outcomes[i]]:
                     outcomes[i] = cast(Outcome, got)
-                elif got == "stale" and outcomes[i] == "expired":
-                    outcomes[i] = "stale"
+        listed = replies[at] if expiring else None
+        counts = None if listed is None or isinstance(listed, Exception) else _counts(listed)
+        census.settle(
+            room,
+            budget,
+            counts,
+            new_tasks,
+            unsent=None if counts is not None else (added, refused),
+        )
+        census.refused(refused_keys, refused_tasks)
         if not errors:
             return outcomes
         done = [None if i in failed else outcomes[i] for i in range(len(events))]
@@ -590,10 +647,18 @@ def apply_keys(key: str) -> tuple[str, ...]:
 
 
 def apply_args(
-    events: Sequence[model.TaskEvent], now_ms: int, grace_ms: int, log_length: int
+    events: Sequence[model.TaskEvent],
+    now_ms: int,
+    grace_ms: int,
+    log_length: int,
+    *,
+    new_key: bool = True,
+    new_tasks: int | None = None,
 ) -> list[Any]:
-    """``apply.lua``'s ARGV for ``events`` of one key (see its header)."""
-    args: list[Any] = [now_ms, grace_ms, log_length]
+    """``apply.lua``'s ARGV for ``events`` of one key (see its header): ``new_tasks``, how
+    many tasks new to the key it may add (``None``: all)."""
+    room = len(events) if new_tasks is None else new_tasks
+    args: list[Any] = [now_ms, grace_ms, log_length, int(new_key), room]
     for ev in events:
         args += (
             ev.task_id,
@@ -633,6 +698,11 @@ class _Commands:
             self.commands.append((name.upper(), *args))
 
         return queue
+
+
+def _counts(raw: list[Any]) -> tuple[int, int]:
+    """``list.lua``'s answer: keys listed, tasks tracked."""
+    return int(raw[0]), int(raw[1])
 
 
 def decode_snapshot(raw: list[Any]) -> model.KeySnapshot:

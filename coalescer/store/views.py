@@ -88,6 +88,8 @@ class KeySummary:
     activity_ms: int
     pending: int
     oldest_since_ms: int | None
+    #: Tasks the index tracks under the key (any state).
+    tracked: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,19 +191,20 @@ def dedupe(resolutions: Iterable[Resolution]) -> list[Resolution]:
 
 # -- reads ------------------------------------------------------------------------------------
 async def summaries(
-    store: Pipelining, listed: Sequence[tuple[str, int]], *, now_ms: int
+    store: Pipelining, listed: Sequence[tuple[str, int]], *, now_ms: int, tracked: bool = False
 ) -> list[KeySummary]:
-    """Pending count and oldest wait of each ``(key, activity_ms)``, in one round trip."""
+    """Pending count and oldest wait of each ``(key, activity_ms)`` (with ``tracked``, the
+    tasks tracked under it too), in one round trip."""
     if not listed:
         return []
 
     def fill(pipe: Any) -> None:
         for key, _ in listed:
-            store._eval(pipe, "summary", keys.group(key)[:4], now_ms)
+            store._eval(pipe, "summary", keys.group(key)[:4], now_ms, int(tracked))
 
     raw = await store._pipeline(fill)
     return [
-        KeySummary(key, activity, int(r[0]), None if r[1] is None else int(float(r[1])))
+        KeySummary(key, activity, int(r[0]), None if r[1] is None else int(float(r[1])), int(r[2]))
         for (key, activity), r in zip(listed, raw, strict=True)
     ]
 

@@ -2,7 +2,8 @@
 
 The body is one message or a list of them; the answer says, per message, ``applied``,
 ``stale`` (older than what the index holds), ``ignored`` (no coalescing route), ``expired``
-(past deadline plus grace) or ``invalid`` (with why). Valid messages are applied in one round
+(past deadline plus grace), ``limited`` (a new key or task past the index's limits: not
+indexed, and never worth a retry) or ``invalid`` (with why). Valid messages are applied in one round
 trip; a retry after a failure is harmless because every application is idempotent. When the
 store cannot take writes (down, full, read-only), the answer is 503 with ``Retry-After`` and,
 per message, what was applied and what is ``unavailable``.
@@ -27,6 +28,7 @@ from coalescer.errors import (
 from coalescer.ingest.events import Message, to_event
 from coalescer.model import TaskEvent
 from coalescer.observe import STORE_ERRORS
+from coalescer.store.census import Limits
 from coalescer.web.responses import JSON, error
 
 MAX_MESSAGES = 1000
@@ -133,7 +135,9 @@ async def post_events(request: Request) -> Response:
             messages.append(message)
             slots.append(i)
     try:
-        outcomes = await request.app.state.store.apply(events, policy=settings.policy)
+        outcomes = await request.app.state.store.apply(
+            events, policy=settings.policy, limits=Limits(settings.max_keys, settings.max_tasks)
+        )
     except StoreUnavailable as exc:
         return _unavailable(exc, results, slots, events)
     if (recorder := request.app.state.recorder) is not None:

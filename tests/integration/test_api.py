@@ -183,6 +183,7 @@ async def test_stats_show_every_counter_even_before_any_event(client: httpx.Asyn
         "events_stale": "0",
         "events_ignored": "0",
         "events_expired": "0",
+        "events_limited": "0",
         "events_invalid": "0",
         "events_dead_lettered": "0",
         "keys": "0",
@@ -289,6 +290,7 @@ async def test_dockerflow_endpoints(client: httpx.AsyncClient) -> None:
         "redis": "ok",
         "writable": "ok",
         "eviction": "ok",
+        "limits": "ok",
         "index": "unknown",  # nothing watches the store without the lifespan
         "background": "ok",
     }

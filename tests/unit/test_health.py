@@ -10,10 +10,11 @@ import pytest
 import redis.exceptions
 
 from coalescer.errors import ConfigError, StoreRejected, StoreUnavailable
-from coalescer.health import FAILING_AFTER, Health, Supervisor
+from coalescer.health import FAILING_AFTER, Health, Supervisor, limits_message
 from coalescer.logs import Throttled
 from coalescer.model import format_time_ms
 from coalescer.store import IndexState
+from coalescer.store.census import Limits
 from coalescer.store.redis import condition, store_error
 
 
@@ -175,6 +176,7 @@ def test_the_health_report_says_what_is_wrong() -> None:
     assert health.report()["checks"] == {
         "writable": "ok",
         "eviction": "ok",
+        "limits": "ok",
         "index": "unknown",
         "background": "ok",
     }
@@ -182,16 +184,26 @@ def test_the_health_report_says_what_is_wrong() -> None:
     health.store_down, health.store_error = "full", "OOM command not allowed"
     health.eviction = "allkeys-lru"
     health.index = IndexState("lost", 1_795_000_000_000, None, True)
+    health.limited = limits_message(120, 400, Limits(keys=100, tasks=1000))
     report = health.report()
     assert report["checks"] == {
         "writable": "error",
         "eviction": "warning",
+        "limits": "warning",
         "index": "warning",
         "background": "ok",
     }
     assert "noeviction" in report["details"]["eviction"]
     assert "reconcile --rebuild" in report["details"]["index"]
-    assert len(health.alerts()) == 3
+    assert report["details"]["limits"].startswith("120 keys of COALESCER_MAX_KEYS=100; events ")
+    assert len(health.alerts()) == 4
+
+
+def test_the_limits_are_reached_at_either_one() -> None:
+    limits = Limits(keys=100, tasks=1000)
+    assert limits_message(99, 999, limits) is None
+    assert "tasks of new keys" in (limits_message(100, 0, limits) or "")
+    assert "of new tasks" in (limits_message(5, 1000, limits) or "")
 
 
 async def test_stop_ends_a_job_whose_library_turns_the_cancel_into_another_error() -> None:

@@ -3,16 +3,25 @@
 -- per event would do, in one call (a batch's events of one key share the sweep, the TTLs and
 -- the log's upkeep).
 -- KEYS: t p w d x res  (see keys.py)
--- ARGV: now_ms grace_ms log_length, then per event (8 each):
+-- ARGV: now_ms grace_ms log_length new_key new_tasks, then per event (8 each):
 --       taskId runId rank state order deadline_ms since_ms reason
--- Returns, per event, 'applied', 'stale' (version not newer than the stored one) or 'expired'
--- (past deadline plus grace: forgotten for good, so a late duplicate cannot resurrect it).
+-- new_key: 1 when the index may grow by this key (if it holds nothing of it); new_tasks: how
+-- many tasks this key does not know yet it may add (see coalescer/store/census.py).
+-- Returns, per event, 'applied' ('added' when the task is new to the key), 'stale' (version
+-- not newer than the stored one), 'expired' (past deadline plus grace: forgotten for good, so
+-- a late duplicate cannot resurrect it) or 'limited' (a task new to the key, past new_tasks;
+-- 'limited-key' when new_key refused the key itself): nothing of it is written.
 -- With log_length > 0, every resolution event (rank 3), whatever its outcome, is also logged
 -- in res (newest first, log_length kept), which lives until its last one's deadline + grace.
 local t, p, w, d, x, res = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now, grace, log_length = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local FIELDS = 8
-local n = (#ARGV - 3) / FIELDS
+local HEAD, FIELDS = 5, 8
+local n = (#ARGV - HEAD) / FIELDS
+-- A key that holds something is no new key, even if all of it expires just below.
+local room, refusal = tonumber(ARGV[5]), 'limited'
+if ARGV[4] ~= '1' and redis.call('EXISTS', t) == 0 then
+  room, refusal = 0, 'limited-key'
+end
 -- Variadic commands take at most this many members at once (Lua's stack limit).
 local CHUNK = 1000
 
@@ -37,7 +46,7 @@ local outcomes = {}
 local ttl = nil -- the newest deadline + grace - now among the applied events
 local logged, log_ttl, log_cleared = {}, nil, false
 for i = 0, n - 1 do
-  local b = 3 + i * FIELDS
+  local b = HEAD + i * FIELDS
   local id, run, rank = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   local state, order = ARGV[b + 4], ARGV[b + 5]
   local deadline, since = tonumber(ARGV[b + 6]), ARGV[b + 7]
@@ -46,7 +55,11 @@ for i = 0, n - 1 do
     outcome = 'expired'
   else
     local cur = redis.call('HGET', t, id)
-    if cur then
+    if not cur and room <= 0 then
+      outcome = refusal
+    elseif not cur then
+      room = room - 1
+    else
       local crun, corder
       crun, crank, corder, cdeadline = string.match(cur, '^(%d+)|(%d+)|([^|]*)|([^|]*)|')
       crun, crank = tonumber(crun), tonumber(crank)
@@ -78,8 +91,8 @@ for i = 0, n - 1 do
       ttl = deadline + grace - now
     end
   end
-  outcomes[i + 1] = outcome
-  if log_length > 0 and rank == 3 then
+  outcomes[i + 1] = (outcome == 'applied' and crank == nil) and 'added' or outcome
+  if log_length > 0 and rank == 3 and outcome ~= refusal then
     local entry_ttl = deadline + grace - now
     if entry_ttl > 0 then
       logged[#logged + 1] = table.concat({ARGV[1], 'resolved', id, ARGV[b + 2], state, ARGV[b + 8]}, '|')

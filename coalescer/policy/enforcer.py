@@ -30,7 +30,8 @@ from taskcluster.exceptions import TaskclusterFailure
 
 from coalescer.errors import StoreUnavailable
 from coalescer.policy.actions import Actions, QueueActions, Result
-from coalescer.policy.rules import Policy
+from coalescer.policy.bisecting import Searcher
+from coalescer.policy.rules import Policy, PrimaryFailure
 from coalescer.store import Store
 from coalescer.store import lineage as records
 from coalescer.store import policy as outbox
@@ -134,6 +135,15 @@ class Enforcer:
         self.clock = clock
         self._bound = asyncio.Semaphore(max(1, concurrency))
         self._next_tick = 0.0
+        self.searcher = Searcher(store, actions, self._now_ms)
+        for rule in policy.rules if policy is not None else ():
+            if rule.on_primary_failure is PrimaryFailure.BISECT and rule.bisect_confirm:
+                log.warning(
+                    "rule %s: bisect-confirm %d is taken as 0 by the enforcer: a failed run "
+                    "is resolved, and the queue cannot run it again (rerunTask is deprecated)",
+                    rule.name,
+                    rule.bisect_confirm,
+                )
 
     def _now_ms(self) -> int:
         return int(self.clock().timestamp() * 1000)
@@ -196,6 +206,8 @@ class Enforcer:
             for victim in await outbox.held_due(self.store, key, self._now_ms()):
                 await self._renew(key, victim)
                 done += 1
+            for primary in await outbox.searches(self.store, key):
+                done += await self.searcher.carry_on(key, primary)
         except (TaskclusterFailure, OSError) as exc:
             # The queue is unreachable or refused: the entry stays pending, retried next round.
             log.warning("enforcing %s stopped for this round: %s", key, exc)
@@ -275,15 +287,15 @@ class Enforcer:
 
     async def _renew(self, key: str, victim: str) -> None:
         current = await records.decision(self.store, key, victim)
-        if current is None or current.state != "held":
+        if current is None or current.state not in ("held", "bisecting"):
             return
         result = await self.actions.renew(victim)
         await outbox.settle(
             self.store,
             key,
             victim,
-            expected=["held"],
-            new=result.state,
+            expected=[current.state],
+            new=current.state if result.state == "held" else result.state,
             now_ms=self._now_ms(),
             rule=current.rule,
             due_ms=result.due_ms,

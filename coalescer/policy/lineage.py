@@ -62,6 +62,8 @@ async def lineage(store: Store, policy: Policy | None, task_id: str) -> dict[str
         chain.append(step.by)
         seen.add(step.by)
         above, _ = await records.lineage(store, names, step.by)
+        # A victim that ran for a bisection (``ran``) stands for others with its own result.
+        above = [d for d in above if d.state in REPLACED]
         step = min(above, key=lambda d: d.at_ms) if above else None
     return {
         "taskId": task_id,

@@ -101,13 +101,16 @@ class Rule:
             -1 if self.size is None else self.size,
             int(self.supersede_running),
             -1 if self.protect_running_after_ms is None else self.protect_running_after_ms,
-            # Both release and bisect hold the victims until the primary ends.
-            int(self.on_primary_failure is not PrimaryFailure.SUPERSEDE),
+            # Both release and bisect hold the victims until the primary ends (1, 2); with
+            # bisect, its failure starts a search over them (coalescer.policy.bisecting).
+            _HOLD[self.on_primary_failure],
             str(self.cascade),
         ]
 
 
 ON_CLAIM = Rule(name="default", patterns=("**",))
+#: ``decide.lua``'s ``hold`` argument per ``on-primary-failure``.
+_HOLD = {PrimaryFailure.SUPERSEDE: 0, PrimaryFailure.RELEASE: 1, PrimaryFailure.BISECT: 2}
 
 
 @dataclasses.dataclass(frozen=True)

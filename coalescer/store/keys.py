@@ -31,6 +31,10 @@ Superseding policies (``coalescer.policy``), for keys whose rule decides on arri
 * ``co:{K}:vn`` hash   victim taskId → ``run|how|why``: how the enforcer ended that run
   (``completed``, ``exception/superseded``, ``canceled``, ``released``) and why;
 * ``co:{K}:lease``     string: the enforcer working on the key, with a TTL.
+* ``co:{K}:bs`` hash   failed primary taskId → the bisection under way over the victims it held
+  (JSON: its victims, the results so far, the victim running for it; see
+  ``coalescer/policy/bisecting.py``): written by ``decide.lua`` when the primary fails, moved on
+  by ``settle.lua``'s search steps (compare-and-set), deleted when the search is over.
 * ``co:{K}:b`` hash    primary taskId → a bisection's finding (JSON), ``n:<primary>`` → the
   taskIds it names, and ``t:<taskId>`` → primary for each of them; ``co:{K}:bt`` zset primaries by when the finding
   was located, to keep the newest (see ``coalescer/store/bisections.py`` and ``bisect.lua``).
@@ -99,11 +103,16 @@ def policy(key: str) -> tuple[str, str, str, str, str, str, str, str, str]:
     return (v, vp, vx, r, rs, o, h, m, rd)
 
 
-def settled(key: str) -> tuple[str, str, str, str, str, str, str, str, str]:
-    """``(v, vp, vx, o, h, m, rd, df, vn)``: what ``settle.lua`` touches."""
+def settled(key: str) -> tuple[str, str, str, str, str, str, str, str, str, str]:
+    """``(v, vp, vx, o, h, m, rd, df, vn, bs)``: what ``settle.lua`` touches."""
     tag = f"co:{{{key}}}:"
     v, vp, vx, _, _, o, h, m, rd = policy(key)
-    return (v, vp, vx, o, h, m, rd, tag + "df", tag + "vn")
+    return (v, vp, vx, o, h, m, rd, tag + "df", tag + "vn", searches(key))
+
+
+def searches(key: str) -> str:
+    """``bs`` for coalescing key ``key``: the bisections under way, by failed primary."""
+    return f"co:{{{key}}}:bs"
 
 
 def history(key: str) -> str:

@@ -46,7 +46,7 @@ def queue_decide(
     store._eval(
         pipe,
         "decide",
-        (*keys.group(key), *keys.policy(key)),
+        (*keys.group(key), *keys.policy(key), keys.searches(key)),
         now_ms,
         store.grace_ms,
         *rule_args,
@@ -130,7 +130,8 @@ async def work(store: Pipelining, *, limit: int = 1000) -> list[tuple[str, float
 
 
 async def outstanding(store: Pipelining, names: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """``(outbox entries, held victims)`` per key, in one round trip."""
+    """``(outbox entries, held victims and bisections under way)`` per key, in one round
+    trip."""
     if not names:
         return {}
 
@@ -139,9 +140,12 @@ async def outstanding(store: Pipelining, names: Sequence[str]) -> dict[str, tupl
             _, _, _, _, _, o, h, _, _ = keys.policy(key)
             pipe.xlen(o)
             pipe.zcard(h)
+            pipe.hlen(keys.searches(key))
 
     raw = await store._pipeline(fill)
-    return {k: (int(raw[2 * i]), int(raw[2 * i + 1])) for i, k in enumerate(names)}
+    return {
+        k: (int(raw[3 * i]), int(raw[3 * i + 1]) + int(raw[3 * i + 2])) for i, k in enumerate(names)
+    }
 
 
 async def idle(store: Pipelining, key: str, seen: float) -> bool:
@@ -268,3 +272,60 @@ async def settle(
         )
     )
     return bool(int(raw[0])), int(raw[1])
+
+
+# -- bisections under way ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class Move:
+    """One victim's lineage change in a search step (see ``settle.lua``'s ``search`` mode):
+    from state ``was`` to ``new``; ``action``, ``by`` and ``reason`` kept when empty; with
+    ``emit``, an outbox entry for ``action`` follows (a supersede or a release to carry out)."""
+
+    victim: str
+    was: str
+    new: str
+    action: str = ""
+    by: str = ""
+    by_run: int = 0
+    reason: str = ""
+    emit: bool = False
+
+
+async def searches(store: Pipelining, key: str) -> dict[str, str]:
+    """The key's bisections under way: failed primary → its record (JSON text)."""
+    (raw,) = await store._pipeline(lambda pipe: pipe.hgetall(keys.searches(key)))
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+async def search_step(
+    store: Pipelining,
+    key: str,
+    primary: str,
+    *,
+    expected: str,
+    record: str | None,
+    now_ms: int,
+    moves: Sequence[Move] = (),
+    cascade: str = "cancel",
+    protect_ms: int = -1,
+    supersede_running: bool = False,
+) -> bool:
+    """Replace ``primary``'s search record ``expected`` by ``record`` (None: the search is
+    over) and make ``moves``, atomically; False, changing nothing, when the record is no longer
+    ``expected`` (the step was taken already)."""
+    args: list[str | int] = [
+        "search",
+        primary,
+        expected,
+        record or "",
+        now_ms,
+        cascade,
+        protect_ms,
+        int(supersede_running),
+    ]
+    for m in moves:
+        args += [m.victim, m.was, m.new, m.action, m.by, m.by_run, m.reason, int(m.emit)]
+    (raw,) = await store._pipeline(
+        lambda pipe: store._eval(pipe, "settle", keys.settled(key), *args)
+    )
+    return bool(int(raw[0]))

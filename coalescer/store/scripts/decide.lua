@@ -1,21 +1,26 @@
 #!lua
 -- Take a superseding policy's decisions for one coalescing key, atomically, right after an
 -- event was applied to it (or on a tick, without an event: age thresholds, lost events).
--- KEYS: t p w d x v vp vx r rs o h m rd  (see keys.py; all under the key's hash tag)
+-- KEYS: t p w d x v vp vx r rs o h m rd bs  (see keys.py; all under the key's hash tag)
 -- ARGV: now_ms grace_ms rule strategy age_ms size supersede_running protect_ms hold cascade
 --       event_taskId|'' started_ms resolved_ms max_decisions
--- Returns {decisions taken now, outstanding outbox work (stream entries + held victims)}.
+-- `hold`: 0 supersede at once, 1 hold victims until the primary ends (release), 2 hold them
+-- and, when the primary fails, start a bisection over them (`bs`; carried on by the enforcer,
+-- coalescer/policy/bisecting.py).
+-- Returns {decisions taken now, outstanding outbox work (stream entries + held victims +
+-- bisections under way)}.
 --
 -- Decisions depend on the index's state only, never on the event or its arrival order, and a
 -- task run is decided at most once (`v` remembers it), so duplicated, re-ordered or concurrent
 -- calls, from any number of processes, take each decision exactly once.
 local t, p, w, d, x = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local v, vp, vx, r, rs = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local o, h, m, rd = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+local o, h, m, rd, bs = KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local now, grace = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rule, strategy = ARGV[3], ARGV[4]
 local age, size = tonumber(ARGV[5]), tonumber(ARGV[6])
-local srun, protect, hold = ARGV[7] == '1', tonumber(ARGV[8]), ARGV[9] == '1'
+local srun, protect = ARGV[7] == '1', tonumber(ARGV[8])
+local hold, bisect = ARGV[9] == '1' or ARGV[9] == '2', ARGV[9] == '2'
 local cascade, ev = ARGV[10], ARGV[11]
 local started, resolved, cap = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 
@@ -51,8 +56,21 @@ local function save(id, rec)
     {rec.run, rec.by, rec.byrun, rec.at, rec.rule, rec.state, rec.action, rec.reason}, '|'))
 end
 
--- Until the enforcer is done with it, a victim is neither offered nor a primary.
-local LIVE = {decided = true, settling = true, held = true, superseded = true, canceled = true}
+-- Whether taskId `a` comes before `b` byte by byte, as Redis orders a sorted set's members and
+-- the model orders ties. Lua's `<` on strings follows the server's locale (`strcoll`): under
+-- en_US.UTF-8, for one, 'a' < 'B'. (snapshot.lua has the same; scripts cannot share code.)
+local function id_before(a, b)
+  local i = 1
+  while i <= #a and string.byte(a, i) == string.byte(b, i) do
+    i = i + 1
+  end
+  return (string.byte(a, i) or -1) < (string.byte(b, i) or -1)
+end
+
+-- Until the enforcer is done with it, a victim is neither offered nor a primary. A bisection's
+-- victims (held for it, or released to run for it) are neither until the search is over.
+local LIVE = {decided = true, settling = true, held = true, superseded = true, canceled = true,
+              bisecting = true, probing = true}
 local function live_victim(id)
   local rec = victim(id)
   return rec ~= nil and LIVE[rec.state] == true
@@ -141,6 +159,63 @@ local function release_decided(by)
   end
 end
 
+-- A bisection (`hold` 2) over the victims held for `by`, whose run `cur` failed: every victim
+-- held for it, down its chains, becomes `bisecting` (still held and renewed, in `h`), and the
+-- search's record is written under `by` in `bs`, for the enforcer to carry on. Returns whether
+-- there is one (false: nothing was held). A duplicate event finds it started, or finished (its
+-- victims no longer held), and changes nothing. Task ids and rule names need no JSON escaping.
+local function start_search(by, cur, started_ms)
+  if redis.call('HEXISTS', bs, by) == 1 then
+    return true
+  end
+  local found = {}
+  local function gather(of, depth)
+    local members = redis.call('ZRANGEBYLEX', vp, '[' .. of .. '|', '[' .. of .. '|\255')
+    for _, member in ipairs(members) do
+      local id = string.sub(member, #of + 2)
+      local rec = victim(id)
+      local known = task(id)
+      if rec and (rec.state == 'held' or (rec.state == 'decided' and rec.action == 'hold')) then
+        if known then
+          found[#found + 1] = {id = id, rec = rec, order = known.order, deadline = known.deadline}
+        else
+          rec.state, rec.action = 'settling', 'release'
+          save(id, rec)
+          emit('release', id, rec.run, by, cur.run, 'primary ' .. by .. ' ended', rec.rule)
+        end
+      end
+      if rec and depth < 8 then
+        gather(id, depth + 1)
+      end
+    end
+  end
+  gather(by, 0)
+  if #found == 0 then
+    return false
+  end
+  table.sort(found, function(a, b)
+    return a.order < b.order or (a.order == b.order and id_before(a.id, b.id))
+  end)
+  local parts = {}
+  for i, f in ipairs(found) do
+    f.rec.state, f.rec.action = 'bisecting', 'bisect'
+    save(f.id, f.rec)
+    redis.call('ZADD', h, 'NX', now, f.id)
+    parts[i] = '["' .. f.id .. '",' .. f.rec.run .. ',' .. f.deadline .. ']'
+  end
+  local ended = resolved > 0 and resolved or now
+  local took = 0
+  if started_ms and ended >= started_ms then
+    took = ended - started_ms
+  end
+  redis.call('HSET', bs, by, '{"primary":"' .. by .. '","primaryRun":' .. cur.run
+    .. ',"rule":"' .. rule .. '","cascade":"' .. cascade .. '","protect":' .. protect
+    .. ',"supersedeRunning":' .. (srun and 1 or 0) .. ',"ended":' .. ended
+    .. ',"longest":' .. took .. ',"victims":[' .. table.concat(parts, ',')
+    .. '],"results":[],"probe":null}')
+  return true
+end
+
 -- 1. Keep the running set (and run start times) in step with the event's task.
 if ev ~= '' then
   local cur = task(ev)
@@ -165,7 +240,11 @@ if ev ~= '' then
         redis.call('LTRIM', rd, 0, 19)
       end
       redis.call('HDEL', rs, ev)
-      if not hidden then
+      local searched = false
+      if not hidden and bisect and cur.state == 'failed' then
+        searched = start_search(ev, cur, st and tonumber(st))
+      end
+      if not hidden and not searched then
         settle_held(ev, ev, cur.run, cur.state == 'completed' and 'supersede' or 'release', 0)
         if cur.state == 'exception' then
           release_decided(ev)
@@ -207,17 +286,6 @@ for i = 1, #flat, 2 do
     redis.call('ZREM', r, flat[i])
     redis.call('HDEL', rs, flat[i])
   end
-end
-
--- Whether taskId `a` comes before `b` byte by byte, as Redis orders a sorted set's members and
--- the model orders ties. Lua's `<` on strings follows the server's locale (`strcoll`): under
--- en_US.UTF-8, for one, 'a' < 'B'. (snapshot.lua has the same; scripts cannot share code.)
-local function id_before(a, b)
-  local i = 1
-  while i <= #a and string.byte(a, i) == string.byte(b, i) do
-    i = i + 1
-  end
-  return (string.byte(a, i) or -1) < (string.byte(b, i) or -1)
 end
 
 local function before(a, b)
@@ -262,6 +330,9 @@ local function decide(c, primary)
   local old = victim(c.id)
   if old and old.run >= cur.run and old.state ~= 'released' then
     return -- this run was decided before: at most once
+  end
+  if old and (old.state == 'bisecting' or old.state == 'probing') then
+    return -- a bisection needs its result (it is hidden anyway)
   end
   if old then
     redis.call('ZREM', vp, old.by .. '|' .. c.id)
@@ -337,4 +408,4 @@ if ttl > 0 then
     end
   end
 end
-return {decided, redis.call('XLEN', o) + redis.call('ZCARD', h)}
+return {decided, redis.call('XLEN', o) + redis.call('ZCARD', h) + redis.call('HLEN', bs)}

@@ -1,6 +1,6 @@
 #!lua
 -- Record what the enforcer did about one victim, and acknowledge its outbox entry, atomically.
--- KEYS: v vp vx o h m rd df vn  (see keys.py; all under the key's hash tag)
+-- KEYS: v vp vx o h m rd df vn bs  (see keys.py; all under the key's hash tag)
 -- ARGV: entry_id|'' group victim expected_states new_state now_ms due_ms rule saved_kind
 --       started_ms definition|'' cascaded_ids resolution|''
 -- `resolution` is `how|why`: how the victim's run was ended, and why (kept in `vn` as
@@ -11,8 +11,69 @@
 -- 'running' or '') estimates the worker time saved from the key's recent run durations.
 -- `cascaded_ids` (comma-separated) are dependents canceled with the victim: recorded too.
 -- Returns {1 if the state changed else 0, milliseconds saved}.
+--
+-- With ARGV[1] 'search', one step of a bisection instead (coalescer/policy/bisecting.py):
+-- ARGV: 'search' primary expected_record new_record|'' now cascade protect_ms supersede_running
+--       then, per victim it moves, 8 values: victim expected_state new_state action by by_run
+--       reason emit('1': add an outbox entry for `action`)
+-- The search's record (`bs`, under the primary) is replaced by `new_record` (deleted when '')
+-- only if it still is `expected_record` (compare-and-set: a step repeated after a crash, or by
+-- a second enforcer, finds it changed and does nothing); then each victim still in its
+-- expected state moves (`action`, `by`, `reason` kept when ''). Returns {1} or {0}.
 local v, vp, vx, o, h, m, rd, df, vn = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
   KEYS[7], KEYS[8], KEYS[9]
+local HELD = {held = true, bisecting = true}
+
+if ARGV[1] == 'search' then
+  local bs = KEYS[10]
+  local primary, expected, record, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+  if (redis.call('HGET', bs, primary) or '') ~= expected then
+    return {0}
+  end
+  if record == '' then
+    redis.call('HDEL', bs, primary)
+  else
+    redis.call('HSET', bs, primary, record)
+  end
+  for i = 9, #ARGV, 8 do
+    local id, was, new, action = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+    local by, byrun, reason, emit = ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
+    local rec = redis.call('HGET', v, id)
+    local f = {}
+    if rec then
+      f = {string.match(rec, '^([-%d]+)|([^|]*)|([-%d]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)|(.*)$')}
+    end
+    if f[6] == was then
+      if by ~= '' and by ~= f[2] then
+        redis.call('ZREM', vp, f[2] .. '|' .. id)
+        redis.call('ZADD', vp, 0, by .. '|' .. id)
+        f[2], f[3] = by, byrun
+      end
+      f[6] = new
+      if action ~= '' then
+        f[7] = action
+      end
+      if reason ~= '' then
+        f[8] = reason
+      end
+      redis.call('HSET', v, id, table.concat(f, '|'))
+      if HELD[new] then
+        redis.call('ZADD', h, 'NX', now, id)
+      else
+        redis.call('ZREM', h, id)
+      end
+      if new ~= was then
+        redis.call('HINCRBY', m, f[5] .. '|' .. new, 1)
+      end
+      if emit == '1' then
+        redis.call('XADD', o, '*', 'a', f[7], 'v', id, 'r', f[1], 'p', f[2], 'pr', f[3],
+          'rule', f[5], 'why', f[8], 'c', ARGV[6], 'pt', ARGV[7], 'sr', ARGV[8])
+      end
+    end
+  end
+  return {1}
+end
+
 local entry, group, id, expected, new = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, due, rule, kind = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local started, definition, cascaded = tonumber(ARGV[10]), ARGV[11], ARGV[12]
@@ -43,7 +104,7 @@ if rec then
   end
   if allowed then
     redis.call('HSET', v, id, head .. '|' .. new .. '|' .. tail)
-    if new == 'held' then
+    if HELD[new] then
       redis.call('ZADD', h, due, id)
     else
       redis.call('ZREM', h, id)

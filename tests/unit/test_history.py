@@ -192,3 +192,15 @@ async def test_answers_are_counted_by_the_flush_and_kept_when_the_store_fails(
     await observer.flush()  # nothing new: nothing counted again
     got = await stored.read(store, RETENTION, now_ms=NOW + MINUTE)
     assert [v for _, v in got[history.ANSWERS].points][-2:] == [1.0, 1.0]
+
+
+def test_the_sampler_remembers_a_bounded_number_of_keys_and_writes_the_rest_each_round() -> None:
+    s = Sampler(RETENTION)
+    many = [(f"k{i}", 1) for i in range(Sampler.KEYS + 500)]
+    for _ in range(2):
+        due = s.due(many, 0)
+        s.wrote(due, 0)
+        s.done()
+    assert len(s._written) == Sampler.KEYS and len(s._seen) == 0
+    # Remembered keys cost nothing while unchanged; the others are written every round.
+    assert s.due(many, 0) == many[Sampler.KEYS :]

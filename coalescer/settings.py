@@ -210,10 +210,39 @@ class Settings:
         return cls(**values)
 
 
+#: What a Redis URL setting accepts, for its error message.
+REDIS_URL_FORM = (
+    "redis://[:password@]host[:port][/db] (rediss:// for TLS, unix:///path.sock), db 0-15"
+)
+
+
+def redis_url(url: str | None, name: str = "REDIS_URL") -> str | None:
+    """A Redis URL setting (``name``), refused in one line when no client could use it: another
+    scheme, no host, a port that is not one, or a database outside Redis's default 16."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        port = 0
+    db = parts.path.strip("/")
+    if parts.scheme == "unix":
+        ok = bool(parts.path)
+    else:
+        number = db.isascii() and db.isdigit() and int(db) <= 15
+        ok = parts.scheme in ("redis", "rediss") and bool(parts.hostname) and port != 0
+        ok = ok and (db == "" or number)
+    if not ok:
+        raise ConfigError(f"{name} must be {REDIS_URL_FORM}, not {redact_url(url)!r}")
+    return url
+
+
 def _redis_url(url: str | None, *, verify: bool) -> str | None:
     """``REDIS_URL``, told not to verify the server's certificate when
     ``COALESCER_REDIS_TLS_VERIFY=false`` (Heroku Redis: TLS with a self-signed certificate, and
     a URL the add-on sets)."""
+    url = redis_url(url)
     if verify or url is None or not url.startswith("rediss://") or "ssl_cert_reqs=" in url:
         return url
     return url + ("&" if "?" in url else "?") + "ssl_cert_reqs=none"

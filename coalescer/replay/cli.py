@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from coalescer.errors import ConfigError, InvalidInput
 from coalescer.replay.history import History
-from coalescer.settings import Settings
+from coalescer.settings import Settings, redis_url
 
 if TYPE_CHECKING:
     from coalescer.replay.links import Evidence
@@ -136,6 +136,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.policy import rules
     from coalescer.replay import metrics, report, runner
 
+    redis_url(args.redis_url, "--redis-url")
     defaults = [] if args.policy else ["age=3600,size=5", "on-claim"]
     try:
         configs = [runner.Config.parse(c) for c in args.config or defaults]

@@ -38,7 +38,7 @@ from coalescer.demo.follow import Follower
 from coalescer.demo.processes import Processes, free_port
 from coalescer.demo.pushes import Pusher
 from coalescer.errors import ConfigError
-from coalescer.settings import Settings
+from coalescer.settings import Settings, amqp_url, redis_url
 
 KEYS = ("linux64-tests", "windows11-tests", "macos-build", "android-lint")
 
@@ -69,8 +69,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--keys must be 1 to {len(KEYS)}")
     if args.workers < 1 or args.duration <= 0 or args.interval <= 0 or args.sleep < 0:
         raise ConfigError("--workers, --duration and --interval must be positive")
-    if args.pulse_url and not args.pulse_url.startswith(("amqp://", "amqps://")):
-        raise ConfigError("--pulse-url must start with amqp:// or amqps://")
+    amqp_url(args.pulse_url, "--pulse-url")
+    redis_url(args.redis_url, "--redis-url")
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="coalescer-demo-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request: noise here
@@ -125,7 +125,9 @@ class Demo:
             await self.processes.stop_all()
         print(
             f"\nDone: pushed {self.pusher.pushed} tasks; {self.follower.ran} ran, superseding "
-            f"{self.follower.superseded}. Logs: {self.log_dir}",
+            f"{self.follower.superseded}. Logs: {self.log_dir}\n"
+            "The service and the queue emulator have stopped with the demo: the links above "
+            "no longer answer (the emulator's tasks lived in its memory).",
             file=self.out,
             flush=True,
         )
@@ -137,7 +139,7 @@ class Demo:
             f"{len(self.keys)} keys every {self.args.interval:g} s, for {self.args.duration:g} s "
             "(Ctrl-C stops it).\n"
             f"  Open {self.cast.service}/ to watch the keys (pages refresh themselves)\n"
-            f"  queue emulator (rootUrl, and its task pages): {self.cast.root_url}\n"
+            f"  queue emulator (the workers' rootUrl; its tasks): {self.cast.root_url}/\n"
             f"  logs: {self.log_dir}\n",
             file=self.out,
             flush=True,

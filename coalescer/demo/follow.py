@@ -58,8 +58,9 @@ class Follower:
         r.raise_for_status()
         superseded = r.json()
         self.superseded += len(superseded)
-        names = ", ".join(s["taskId"][:8] + "…" for s in superseded)
+        # Whole ids: one pasted into a page's URL or the queue's API must name the task.
+        names = ", ".join(s["taskId"] for s in superseded)
         self.say(
-            f"{key:<16} ran {task_id[:8]}…, superseding {len(superseded)} older: {names}\n"
+            f"{key:<16} ran {task_id}, superseding {len(superseded)} older: {names}\n"
             f"        {self.service}/tasks/{task_id}"
         )

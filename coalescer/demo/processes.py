@@ -18,9 +18,14 @@ from coalescer.errors import ConfigError
 
 
 def free_port(wanted: int) -> int:
-    """``wanted`` if it is free on loopback, else any free port."""
+    """``wanted`` if it is free on loopback, else any free port.
+
+    Probed as the servers bind it, with ``SO_REUSEADDR``: the connections of a demo that just
+    ended linger in TIME_WAIT on its ports for a minute, and they do not keep a server from
+    listening there again (a port another server listens on is still refused)."""
     for candidate in (wanted, 0):
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", candidate))
             except OSError:

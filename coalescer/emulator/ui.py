@@ -1,7 +1,8 @@
 """A minimal stand-in for the Taskcluster UI's task page, ``/tasks/<taskId>``, so that links
 made for a real deployment (``<rootUrl>/tasks/<taskId>``) work against the emulator too: the
 task's name, state, runs and their artifacts (linked through the queue API), and its
-definition. No script, no external resource."""
+definition. No script, no external resource. The root, ``/``, lists the newest tasks, so
+that the rootUrl itself answers in a browser."""
 
 from __future__ import annotations
 
@@ -44,7 +45,38 @@ pre { background: #f5f6f8; padding: .6rem; overflow: auto; } .muted { color: #6b
 )
 
 
+#: Tasks the root page lists at most, newest first.
+INDEX_TASKS = 200
+
+_INDEX = jinja2.Environment(autoescape=True).from_string(
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>queue emulator</title>
+<style>
+body { font: 15px/1.45 system-ui, sans-serif; margin: 1.5rem auto; max-width: 60rem; padding: 0 1rem; }
+table { border-collapse: collapse; width: 100%; } th, td { text-align: left; padding: .3rem .6rem;
+border-bottom: 1px solid #d0d7de; } code { font-size: 13px; } .muted { color: #6b7385; }
+</style></head><body>
+<p class="muted">Taskcluster queue emulator</p>
+<h1>{{ total }} task{{ '' if total == 1 else 's' }}</h1>
+<p class="muted">This URL is the queue's rootUrl (its API under <code>/api/queue/v1/</code>).
+{% if total > shown|length %}The newest {{ shown|length }}, newest first.{% else %}Newest first.{% endif %}
+Everything lives in the emulator's memory: it is gone when the emulator stops.</p>
+{% if shown %}<table><thead><tr><th>task</th><th>name</th><th>state</th><th>task queue</th></tr></thead><tbody>
+{% for t in shown %}<tr><td><a href="/tasks/{{ t.task_id }}"><code>{{ t.task_id }}</code></a></td>
+<td>{{ t.definition.get('metadata', {}).get('name', '') }}</td><td>{{ t.state }}</td>
+<td><code>{{ t.task_queue_id }}</code></td></tr>
+{% endfor %}</tbody></table>{% endif %}
+</body></html>
+"""
+)
+
+
 def routes(emulator: Emulator) -> list[Route]:
+    async def index(request: Request) -> Response:
+        tasks = emulator.state.tasks
+        newest = sorted(tasks.values(), key=lambda t: t.seq, reverse=True)[:INDEX_TASKS]
+        return HTMLResponse(_INDEX.render(total=len(tasks), shown=newest))
+
     async def task_page(request: Request) -> Response:
         task_id = request.path_params["taskId"]
         task = emulator.state.tasks.get(task_id)
@@ -66,4 +98,7 @@ def routes(emulator: Emulator) -> list[Route]:
             )
         )
 
-    return [Route("/tasks/{taskId}", task_page, methods=["GET"])]
+    return [
+        Route("/", index, methods=["GET"]),
+        Route("/tasks/{taskId}", task_page, methods=["GET"]),
+    ]

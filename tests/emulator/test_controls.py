@@ -115,3 +115,5 @@ def test_a_task_page_stands_in_for_the_taskcluster_ui(
         assert f'href="/api/queue/v1/task/{task_id}/status"' in page.text
         missing = http.get("/tasks/nOtAtAsKiDaTaLl12345678")
         assert missing.status_code == 404 and "does not exist" in missing.text
+        root = http.get("/")  # the rootUrl the demo prints: its tasks, linked
+        assert root.status_code == 200 and f'href="/tasks/{task_id}"' in root.text

@@ -14,11 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from coalescer.demo.processes import free_port as demo_free_port
 from tests.ports import free_port
 
-#: A primary's line: ``0:05  linux64-tests    ran PrilqfdL…, superseding 2 older: …``, then the
-#: URL of its page on the service.
-RAN = re.compile(r"(\S+)\s+ran (\S{8})…, superseding (\d+) older: .*\n\s+(http://\S+/tasks/\S+)")
+#: A primary's line: ``0:05  linux64-tests    ran PrilqfdLTxqZ3OkHgV4Cfw, superseding 2 older:
+#: …``, with whole ids, then the URL of its page on the service.
+RAN = re.compile(
+    r"(\S+)\s+ran ([\w-]{22}), superseding (\d+) older: ([\w-]{22}(?:, [\w-]{22})*)\n"
+    r"\s+(http://\S+/tasks/\S+)"
+)
 
 
 def closed(port: int) -> bool:
@@ -99,7 +103,8 @@ async def test_the_demo_shows_superseding_and_stops_by_itself(tmp_path: Path) ->
         await rebuilt_without_banner(demo.service)
         ran = await demo.wait_for(RAN, within=30)
         assert ran.group(1) in ("linux64-tests", "windows11-tests", "macos-build")
-        assert int(ran.group(3)) >= 1 and ran.group(4).startswith(demo.service + "/tasks/")
+        assert int(ran.group(3)) >= 1 and ran.group(5).startswith(demo.service + "/tasks/")
+        assert len(ran.group(4).split(", ")) == int(ran.group(3))
         assert await demo.exited(within=60) == 0
     finally:
         await demo.stop()
@@ -137,3 +142,34 @@ async def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path: Path) -
         await demo.stop()
     assert "Done: pushed" in demo.output and "Traceback" not in demo.output
     assert closed(demo.port) and closed(demo.emulator_port)
+
+
+@pytest.mark.integration
+def test_the_port_probe_takes_a_port_a_finished_demo_left_in_time_wait() -> None:
+    """A demo run again within a minute finds its ports free: the previous run's connections
+    linger in TIME_WAIT on them, which keeps no server from listening there."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server side closes first: its end waits in TIME_WAIT
+            client.recv(1)
+    assert not _bindable_without_reuse(port)  # the lingering connection is there
+    assert demo_free_port(port) == port
+    with socket.socket() as listening:  # a port a server listens on is still refused
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(("127.0.0.1", port))
+        listening.listen()
+        assert demo_free_port(port) != port
+
+
+def _bindable_without_reuse(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

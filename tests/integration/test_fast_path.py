@@ -2,21 +2,28 @@
 and a Redis of the test's own: its answers are the ordinary path's to the byte, requests
 pipelined on one connection are answered in order whichever path each takes, and whatever the
 fast path cannot answer (bad input, a frozen or emptied Redis, a client gone) is answered as
-the ordinary path answers it."""
+the ordinary path answers it. And a plain query does take it, under the installed uvicorn."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 import taskcluster
+import uvicorn
 
+from coalescer.settings import Settings
+from coalescer.web import server
+from coalescer.web.app import Answering, create_app
+from coalescer.web.connections import ConnectionLimits
 from tests.conftest import make_message
 from tests.redis_server import RedisServer, redis_server
 from tests.serving import serving
@@ -231,3 +238,80 @@ def test_a_client_gone_before_its_answer_leaves_the_server_serving(
         for task in TASKS:
             r = client.get("/k", params={"taskId": task})
             assert r.status_code == 200 and r.json() == {"supersedes": TASKS}
+
+
+class _Recorder:
+    """The service's app, recording the path of every HTTP request that reaches it through ASGI
+    (uvicorn's ordinary request cycle); the fast path finds the app beneath (``.app``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.paths: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.paths.append(scope["path"])
+        await self.app(scope, receive, send)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_query_takes_the_fast_path_under_the_installed_uvicorn(
+    redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve`` as the CLI runs it, in a thread: a plain query is answered without reaching the
+    ASGI app. The fast path subclasses uvicorn's private ``HttpToolsProtocol`` (pyproject.toml
+    bounds uvicorn above for it): a uvicorn whose protocol no longer calls the subclass's hooks,
+    or whose app wrapping hides the app, answers the query the ordinary way, and fails this."""
+    settings = Settings.from_environ({"REDIS_URL": redis.url, "COALESCER_INGEST_TOKEN": TOKEN})
+    app = create_app(settings)
+    started: list[bool] = []
+    answer_soon = app.answer_soon  # type: ignore[attr-defined]
+
+    def spy(path: str, query_string: bytes) -> Answering | None:
+        answering = answer_soon(path, query_string)
+        started.append(answering is not None)
+        return answering
+
+    app.answer_soon = spy  # type: ignore[attr-defined]
+    recorder = _Recorder(app)
+    servers: list[uvicorn.Server] = []
+
+    class Server(server._Server):
+        def __init__(self, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            servers.append(self)
+
+    monkeypatch.setattr(server, "_Server", Server)
+    sock = server.bind("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    limits = ConnectionLimits(max_connections=100)
+    thread = threading.Thread(
+        target=server.serve,
+        args=(recorder,),
+        kwargs={"sock": sock, "max_header_bytes": settings.max_header_bytes, "limits": limits},
+        daemon=True,
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (servers and servers[0].started):
+            assert thread.is_alive() and time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.02)
+        _post(
+            base,
+            [make_message(t, scheduled=f"2030-01-01T00:00:0{i}.000Z") for i, t in enumerate(TASKS)],
+        )
+        recorder.paths.clear()
+        (answer,) = _exchange(base, _get(f"/k?taskId={TASKS[1]}"), 1)
+        assert orjson.loads(_parts(answer)[2]) == {"supersedes": TASKS}
+        assert started == [True], "the query did not start on the fast path"
+        assert recorder.paths == [], "the query went through uvicorn's ordinary request cycle"
+        _exchange(base, _get("/k?taskId=not-a-slug"), 1)  # bad input: the ordinary path
+        assert recorder.paths == ["/k"], "the ordinary path is not what the recorder sees"
+    finally:
+        for running in servers:
+            running.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+    assert not thread.is_alive()

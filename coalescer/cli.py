@@ -159,7 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"coalescer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = sub.add_parser("serve", help="run the superseder web service")
+    serve = sub.add_parser(
+        "serve",
+        help="run the superseder web service",
+        description="Serve the superseding queries (GET /<key>?taskId=), the pages, /metrics, "
+        "the health checks and POST /v1/events, on the index in REDIS_URL (or, unset, an "
+        "embedded store in this process, rebuilt from the queue at start when "
+        "TASKCLUSTER_ROOT_URL is set). With PULSE_URL and the embedded store it also consumes "
+        "the queue's events itself. Stops cleanly on SIGTERM.",
+    )
     serve.add_argument("--host", help="interface to bind (default COALESCER_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default PORT or 8000; 0: any free port)")
     serve.add_argument(
@@ -176,7 +184,36 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    _complete_help(parser)
     return parser
+
+
+def _complete_help(parser: argparse.ArgumentParser) -> None:
+    """Give every command a description (its one-line help, when it has none of its own) and
+    append ``(default X)`` to the help of every option whose help does not say its default yet,
+    so that ``--help`` and the generated reference show them all."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                line = helps.get(name)
+                if not sub.description and line and line != argparse.SUPPRESS:
+                    sub.description = f"{line[:1].upper()}{line[1:]}."
+                _complete_help(sub)
+            continue
+        if action.help == argparse.SUPPRESS or not action.option_strings:
+            continue
+        if action.required:
+            action.help = f"{action.help} (required)" if action.help else "required"
+            continue
+        default = action.default
+        if default in (None, False, [], argparse.SUPPRESS):
+            continue
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        text = action.help or ""
+        if "default" in text or f"({shown})" in text or f"({shown} " in text:
+            continue
+        action.help = f"{text} (default {shown})" if text else f"default {shown}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

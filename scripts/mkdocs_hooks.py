@@ -227,9 +227,10 @@ def render_cli(parser: argparse.ArgumentParser, depth: int = 2) -> str:
     for _name, sub, help_ in _subcommands(parser):
         title = sub.prog
         out += [f"{'#' * depth} `{title}` {{#{_slug(title)}}}", ""]
-        if help_:
-            out += [_text(help_[:1].upper() + help_[1:]) + ".", ""]
-        if sub.description and sub.description != help_:
+        sentence = help_[:1].upper() + help_[1:] + "." if help_ else ""
+        if sentence:
+            out += [_text(sentence), ""]
+        if sub.description and sub.description not in (help_, sentence):
             out += [_text(sub.description), ""]
         usage = textwrap.dedent(
             " " * len("usage: ") + sub.format_usage().removeprefix("usage: ")

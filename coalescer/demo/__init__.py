@@ -48,16 +48,37 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo",
         help="run the emulator, the service and workers on one machine, and watch superseding",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description="The whole superseding loop on one machine, in a minute: the queue "
+        "emulator, the service and reference workers, with a stream of pushes on a few keys "
+        "that outruns the workers; it prints each task that superseded others, with a link, "
+        "and stops everything it started at the end (its links then no longer answer).",
     )
     p.add_argument("--duration", type=float, default=60.0, metavar="S", help="default 60 s")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="default 2")
     p.add_argument("--keys", type=int, default=3, metavar="N", help=f"1-{len(KEYS)} (default 3)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="between pushes")
-    p.add_argument("--sleep", type=float, default=2.0, metavar="S", help="each task's run time")
-    p.add_argument("--port", type=int, default=8000, help="the service's (default 8000, or free)")
-    p.add_argument("--emulator-port", type=int, default=8081, help="default 8081, or free")
-    p.add_argument("--pulse-url", metavar="URL", help="carry events through this AMQP broker")
+    p.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="between pushes (default 1 s)"
+    )
+    p.add_argument(
+        "--sleep", type=float, default=2.0, metavar="S", help="each task's run time (default 2 s)"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="the service's (default 8000, or a free one when taken)",
+    )
+    p.add_argument(
+        "--emulator-port",
+        type=int,
+        default=8081,
+        help="the queue emulator's (default 8081, or a free one when taken)",
+    )
+    p.add_argument(
+        "--pulse-url",
+        metavar="URL",
+        help="carry events through this AMQP broker (default: posted to the service)",
+    )
     p.add_argument("--redis-url", metavar="URL", help="index in this Redis (default: embedded)")
     p.add_argument("--log-dir", type=Path, help="the processes' logs (default: a temp dir)")
     p.set_defaults(handler=handle)

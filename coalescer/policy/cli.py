@@ -30,7 +30,10 @@ def register(sub: Any) -> None:
         help="carry out superseding decisions (COALESCER_POLICY_FILE) on the queue",
         description="Consume the outboxes of keys whose policy rule supersedes on arrival: "
         "claim and resolve superseded pending tasks, cancel superseded running ones, cancel "
-        "their dependents. Run one or more (they split the keys).",
+        "their dependents. Run one or more (they split the keys). Without a rule that "
+        "decides on arrival (COALESCER_POLICY_FILE unset, or on-claim rules only) it warns "
+        "once and idles until SIGTERM instead of exiting: a Procfile process that exits takes "
+        "its sibling processes down with it.",
     )
     p.add_argument("--consumer", help="this enforcer's name (default host-pid)")
     p.add_argument("--worker-group", default="coalescer", help="the queue identity it claims as")

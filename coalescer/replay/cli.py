@@ -56,7 +56,14 @@ def register(sub: Any) -> None:
         "superseded (default: coalescer/enforcer); repeatable",
     )
     synth = p.add_argument_group("synthetic history")
-    synth.add_argument("--hours", type=float, default=24.0, help="length of history (24)")
+    synth.add_argument(
+        "--hours",
+        type=float,
+        default=24.0,
+        help="length of history (24); it starts at midnight UTC, when pushes come at a tenth to "
+        "a sixth of the peak rate until 06:00, so a few hours may hold no task at all: give 8 "
+        "or more, or raise --pushes-per-hour",
+    )
     synth.add_argument("--pushes-per-hour", type=float, default=12.0, help="at the daily peak (12)")
     synth.add_argument("--platforms", type=int, default=2, help="builds per push (2)")
     synth.add_argument("--suites", type=int, default=3, help="tests per build (3)")

@@ -33,11 +33,14 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "worker",
         help="run the reference worker: claim tasks, run command payloads, with superseding",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description="The reference worker: claim tasks from a task queue, run their command "
+        "payloads, and supersede with the service named by a task's supersederUrl. Queue "
+        "credentials come from TASKCLUSTER_ROOT_URL, TASKCLUSTER_CLIENT_ID and "
+        "TASKCLUSTER_ACCESS_TOKEN. SIGTERM or SIGINT stops claiming and releases held tasks.",
     )
     p.add_argument("--task-queue-id", required=True, metavar="P/W", help="task queue to claim from")
-    p.add_argument("--worker-group", required=True, metavar="G")
-    p.add_argument("--worker-id", required=True, metavar="I")
+    p.add_argument("--worker-group", required=True, metavar="G", help="this worker's group")
+    p.add_argument("--worker-id", required=True, metavar="I", help="this worker's id")
     p.add_argument(
         "--superseder-allow",
         action="append",
@@ -84,8 +87,12 @@ def register(subparsers: Any) -> None:
         "service's POST /v1/bisections, where each finding is reported (default: "
         "COALESCER_INGEST_TOKEN when set; without a token findings are not reported)",
     )
-    p.add_argument("--max-supersede", type=int, default=32, metavar="N", help="tasks per set")
-    p.add_argument("--claim-concurrency", type=int, default=8, metavar="N")
+    p.add_argument(
+        "--max-supersede", type=int, default=32, metavar="N", help="tasks claimed per set at most"
+    )
+    p.add_argument(
+        "--claim-concurrency", type=int, default=8, metavar="N", help="claims in flight at once"
+    )
     p.add_argument(
         "--livelog-port",
         type=int,

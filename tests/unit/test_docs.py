@@ -4,8 +4,12 @@ defines is documented, and the generated references cover every route and comman
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -103,3 +107,93 @@ def test_no_page_names_documents_a_reader_does_not_have(page: str) -> None:
     text = (DOCS / page).read_text()
     for phrase in ("SPEC §", "seed 0", "this machine", "2-core machine", "the day before"):
         assert phrase not in text, f"{page} mentions {phrase!r}"
+
+
+_FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
+_PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def _blocks(*languages: str) -> list[tuple[str, str]]:
+    return [
+        (page.relative_to(ROOT).as_posix(), body)
+        for page in _PAGES
+        for lang, body in _FENCE.findall(page.read_text())
+        if lang in languages
+    ]
+
+
+def test_every_drawing_is_text_that_renders_offline() -> None:
+    """Mermaid needs a script from a CDN, and a drawing that does not parse shows as raw text:
+    the drawings are text, which always renders."""
+    assert _blocks("text"), "the scan finds the drawings"
+    assert not _blocks("mermaid"), "draw it as text: Mermaid renders nothing offline"
+    assert "mermaid" not in (ROOT / "mkdocs.yml").read_text()
+
+
+def _shell_commands(block: str) -> list[list[str]]:
+    """The commands of a shell snippet: continuation lines joined, comments dropped, split at
+    ``&&``, ``||``, ``|``, ``;`` and ``&``, environment assignments in front removed."""
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        tokens = shlex.split(line, comments=True)
+        current: list[str] = []
+        for token in [*tokens, ";"]:
+            if token in ("&&", "||", "|", ";", "&") or token.endswith(";"):
+                if token.endswith(";") and token != ";":
+                    current.append(token[:-1])
+                while current and re.fullmatch(r"[A-Z_]+=.*", current[0]):
+                    current.pop(0)
+                if current:
+                    commands.append(current)
+                current = []
+            else:
+                current.append(token.removesuffix("&"))
+    return commands
+
+
+def test_every_shell_snippet_runs_as_written_once_the_venv_is_activated() -> None:
+    """Every ``coalescer`` command in a snippet parses (its command and options exist), every
+    ``make`` target exists, and every program the checkout provides is in ``.venv/bin``."""
+    bin_dir = Path(sys.executable).parent
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    parser = build_parser()
+    checked = 0
+    for page, block in _blocks("sh", "shell", "bash", "console"):
+        for argv in _shell_commands(block):
+            program = argv[0].removeprefix(".venv/bin/")
+            if program == "coalescer":
+                try:
+                    parser.parse_args(argv[1:])
+                except SystemExit as exc:
+                    raise AssertionError(f"{page}: {' '.join(argv)}") from exc
+                checked += 1
+            elif program == "make":
+                assert set(argv[1:]) <= targets, (page, argv)
+            elif argv[0].startswith(".venv/bin/"):
+                assert (bin_dir / program).exists(), (page, argv)
+    assert checked >= 10
+
+
+def test_every_python_snippet_compiles_and_its_imports_run_under_the_venvs_python() -> None:
+    """The snippets' imports (``taskcluster``, ``coalescer.worker``…) are installed in the
+    venv, where the README says to run them."""
+    imports: set[str] = set()
+    blocks = _blocks("python", "py")
+    assert blocks
+    for page, block in blocks:
+        tree = compile(block, page, "exec", ast.PyCF_ONLY_AST)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imports.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imports.add(node.module)
+    assert "taskcluster" in imports
+    code = "; ".join(f"import {name}" for name in sorted(imports))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def test_the_readme_says_early_how_to_get_the_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    first_use = min(readme.index("coalescer worker"), readme.index("coalescer demo"))
+    assert -1 < readme.find(". .venv/bin/activate") < first_use
+    assert "pipx install ." in readme

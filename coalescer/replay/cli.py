@@ -100,8 +100,9 @@ def register(sub: Any) -> None:
         metavar="C",
         help="off; on-claim, latest-wins or first-wins, optionally with ,age=SECONDS,size=N "
         "(tc-coalesce's thresholds); or age=SECONDS,size=N alone (on claim); any with "
-        ",on-primary-failure=supersede|release|bisect (on claim: the worker's flag; bisect "
-        "with ,bisect-confirm=N, 1 by default); repeatable; off is always replayed first, as "
+        ",on-primary-failure=supersede|release|bisect (on claim: the worker's flag, bisect "
+        "with ,bisect-confirm=N, 1 by default; latest-wins, first-wins: the enforcer's, "
+        "trusting failures); repeatable; off is always replayed first, as "
         "the baseline (default: off, age=3600,size=5, on-claim, or off alone with --policy)",
     )
     p.add_argument(
@@ -269,21 +270,21 @@ def _evidence(args: argparse.Namespace, settings: Settings) -> Evidence:
 
 def _bisect_rules(config: Config) -> None:
     """Say, on stderr, that a file's deciding rules with ``on-primary-failure: bisect`` are
-    replayed as ``coalescer enforce`` carries them out today: victims held, then released."""
+    replayed as ``coalescer enforce`` carries them out: bisect-confirm taken as 0."""
     from coalescer.policy import PrimaryFailure
 
     assert config.rules is not None
     names = [
         r.name
         for r in config.rules.rules
-        if r.decides and r.on_primary_failure is PrimaryFailure.BISECT
+        if r.decides and r.on_primary_failure is PrimaryFailure.BISECT and r.bisect_confirm
     ]
     if names:
         print(
             f"coalescer replay: {config.label}: rule(s) {', '.join(names)} bisect after a "
-            "failed primary; the replay carries them out as the enforcer does today (victims "
-            "held, then released when the primary fails); the worker's bisection is "
-            "modelled with --config on-claim,on-primary-failure=bisect",
+            "failed primary; the replay searches as coalescer enforce does, trusting "
+            "failures (bisect-confirm taken as 0); the worker's confirmed search is modelled "
+            "with --config on-claim,on-primary-failure=bisect",
             file=sys.stderr,
         )
 
@@ -308,6 +309,8 @@ async def _run(
 
     # The embedded store is the right one here: its production warning would only mislead.
     logging.getLogger("coalescer.store.embedded").setLevel(logging.ERROR)
+    # The modelled enforcer's lines (releases before a deadline, culprits) are the report's.
+    logging.getLogger("coalescer.policy").setLevel(logging.ERROR)
     store = await open_store(redis_url, grace_seconds=settings.grace_seconds)
     bar = tqdm(
         total=len(history.tasks) * len(configs),

@@ -12,9 +12,17 @@ counterpart does on a queue, from where the victim stands in the pool:
   ``supersede-running``, else left to run (``missed``); a resolved one is ``gone``.
 * ``hold``: a pending victim is claimed and held by the enforcer until its primary ends.
 * ``release``: a held victim resolves ``exception/worker-shutdown`` and is pending again in a
-  new run (the queue's retry).
+  new run (the queue's retry); that run is an extra one (its primary failed, or a bisection
+  runs it).
 * ``cancel``: a running victim is canceled, unless it has run longer than the rule protects;
   its worker stops at once (no reclaim lag is modelled).
+
+``on-primary-failure: bisect`` is the enforcer's own search too
+(:class:`~coalescer.policy.bisecting.Searcher`, bisect-confirm taken as 0, as ``coalescer
+enforce`` does): a probe is a released victim, which a worker of the pool claims and runs like
+any task, its result the model's (broken, recorded failed, or an intermittent failure drawn for
+that run); the search's next step follows that result's event. Each search that ends becomes a
+:class:`~coalescer.replay.pool.Search` of the outcome, from the finding it recorded.
 
 The enforcer acts at the instant of the decision: no poll interval, no queue latency.
 """
@@ -24,10 +32,13 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 
+import orjson
+
+from coalescer.model import parse_time_ms
 from coalescer.policy.actions import Result
 from coalescer.policy.enforcer import Enforcer
 from coalescer.replay import pool as model
-from coalescer.store import Store
+from coalescer.store import Store, bisections
 from coalescer.store import policy as outbox
 from coalescer.store.policy import Entry
 
@@ -90,6 +101,7 @@ class PoolActions:
         pool, i, _ = self._at(entry)
         if pool.where(i) == model.HELD_BY_ENFORCER:
             pool.release(i, self.now_ms)
+            pool.after_failure.add(i)  # its next run is an extra one
         return Result("released")
 
     async def cancel(self, entry: Entry) -> Result:
@@ -111,7 +123,7 @@ class PoolActions:
 
 
 class PoolEnforcer:
-    """The enforcer's outbox consumer for one replayed configuration's keys."""
+    """The enforcer's outbox consumer and bisections for one replayed configuration's keys."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -119,15 +131,18 @@ class PoolEnforcer:
         self.enforcer = Enforcer(store, self.actions, consumer=CONSUMER, clock=self._clock)
         #: Keys whose outbox held entries when last looked at.
         self.busy: set[str] = set()
+        #: Keys with a bisection under way when last looked at.
+        self.searching: set[str] = set()
 
     def _clock(self) -> datetime:
         return datetime.fromtimestamp(self.actions.now_ms / 1000, UTC)
 
     async def round(self, pool: model.Pool, now_ms: int, touched: set[str]) -> bool:
         """Carry out every entry of the ``touched`` (and still busy) keys' outboxes, in order,
-        as ``coalescer enforce`` does; whether any entry was handled."""
+        then take the steps of their bisections that can be taken now, as ``coalescer
+        enforce`` does; whether anything was done."""
         self.actions.pool, self.actions.now_ms = pool, now_ms
-        names = sorted(touched | self.busy)
+        names = sorted(touched | self.busy | self.searching)
         if not names:
             return False
         waiting = await outbox.outstanding(self.store, names)
@@ -137,4 +152,51 @@ class PoolEnforcer:
             for entry in await outbox.read(self.store, key, CONSUMER):
                 await self.enforcer.handle(entry)
                 handled = True
+        # A search starts with an event of its key (its primary failed) and moves on with
+        # events of its probes: only keys touched now, or searching already, can have a step.
+        for key in names:
+            if waiting[key][1] and (key in touched or key in self.searching):
+                handled = await self._search(pool, key) or handled
         return handled
+
+    async def _search(self, pool: model.Pool, key: str) -> bool:
+        """Carry on ``key``'s bisections; each that ended is added to the outcome."""
+        under_way = await outbox.searches(self.store, key)
+        done = 0
+        for primary in under_way:
+            done += await self.enforcer.searcher.carry_on(key, primary)
+        left = await outbox.searches(self.store, key)
+        for primary in under_way.keys() - left.keys():
+            started = int(orjson.loads(under_way[primary])["ended"])
+            await self._ended(pool, key, primary, started)
+        if left:
+            self.searching.add(key)
+        else:
+            self.searching.discard(key)
+        if done:
+            self.busy.add(key)  # a step may have left entries (a probe's end, the last step's)
+        return done > 0
+
+    async def _ended(self, pool: model.Pool, key: str, primary: str, started_ms: int) -> None:
+        found = [
+            f
+            for f in await bisections.for_task(self.store, [key], primary)
+            if f["primary"]["taskId"] == primary
+        ]
+        if not found:
+            return  # not recorded: nothing to report (cannot happen: recorded before it ends)
+        finding = found[-1]
+
+        def index(ref: dict[str, object] | None) -> int:
+            return -1 if ref is None else pool.pos[str(ref["taskId"])]
+
+        pool.out.searches.append(
+            model.Search(
+                primary=pool.pos[primary],
+                culprit=index(finding["culprit"]),
+                last_good=index(finding["lastGood"]),
+                started_ms=started_ms,
+                ended_ms=parse_time_ms(finding["located"]),
+                runs=int(finding["extraRuns"]),
+            )
+        )

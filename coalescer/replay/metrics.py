@@ -11,8 +11,9 @@
   (bisections, released secondaries) and the time from the first failing run of a regression
   to its located culprit (p50/p95);
 * two numbers that must be 0: wrong winners (a task superseded by one that is not newer in its
-  key's order; under ``first-wins``, neither older nor running) and lost tasks (became
-  pending, then neither ran nor resolved).
+  key's order, unless a bisection named that one the culprit and the task lies between it and
+  the failed primary, whose failure the culprit's stands for; under ``first-wins``, neither
+  older nor running) and lost tasks (became pending, then neither ran nor resolved).
 """
 
 from __future__ import annotations
@@ -156,11 +157,23 @@ def summarize(
     start = tasks[0].scheduled_ms
     states = out.state
     wrong = 0
+    #: A culprit stands for the pushes between it and the failed primary of its bisection.
+    culprits: dict[int, list[int]] = defaultdict(list)
+    for search in out.searches:
+        if search.culprit >= 0:
+            culprits[search.culprit].append(search.primary)
+
+    def place(i: int) -> tuple[float, str]:
+        return tasks[i].order, tasks[i].task_id
+
     for i, by in enumerate(out.by):
         if by >= 0:
             mine, theirs = tasks[i], tasks[by]
-            newer = (theirs.order, theirs.task_id) > (mine.order, mine.task_id)
-            if governing[i].strategy is not Strategy.FIRST_WINS:
+            newer = place(by) > place(i)
+            stood_for = any(place(by) < place(i) < place(p) for p in culprits.get(by, ()))
+            if stood_for:
+                right = True
+            elif governing[i].strategy is not Strategy.FIRST_WINS:
                 right = newer
             else:  # first-wins: an older task, or one that was already running
                 at = out.resolved_ms[i]

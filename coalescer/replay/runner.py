@@ -83,7 +83,8 @@ class Config:
         """``off``; ``on-claim``, ``latest-wins`` or ``first-wins``, each optionally followed
         by ``,age=S,size=N``; or ``age=S,size=N`` alone (on claim). Either threshold may be
         left out. Any but ``off`` may add ``,on-primary-failure=supersede|release|bisect``
-        and, with ``bisect`` (on claim only), ``,bisect-confirm=N``."""
+        and, with ``bisect`` on claim (the worker's search), ``,bisect-confirm=N``; the
+        enforcer's search (``latest-wins``, ``first-wins``) trusts failures."""
         parts = [p.strip() for p in text.split(",")]
         if parts == ["off"]:
             return cls(False)
@@ -109,10 +110,10 @@ class Config:
         on_failure = None if failure is None else PrimaryFailure(failure)
         if "bisect-confirm" in found and on_failure is not PrimaryFailure.BISECT:
             raise InvalidInput(f"bad configuration {text!r}: bisect-confirm needs bisect")
-        if on_failure is PrimaryFailure.BISECT and strategy != "on-claim":
+        if "bisect-confirm" in found and strategy != "on-claim":
             raise InvalidInput(
-                f"bad configuration {text!r}: bisect is modelled for workers that supersede on "
-                "claim (coalescer worker --on-primary-failure bisect), not for the enforcer yet"
+                f"bad configuration {text!r}: bisect-confirm is the worker's (on claim); the "
+                "enforcer trusts failures (bisect-confirm 0)"
             )
         return cls(
             True,

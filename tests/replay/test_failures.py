@@ -24,7 +24,7 @@ from coalescer.replay.runner import Config, replay
 from coalescer.replay.synthetic import Synthetic, generate
 from coalescer.store import open_store
 from tests.conftest import REDIS_URL
-from tests.replay.support import history, minutes, task
+from tests.replay.support import T0, history, minutes, task
 
 pytestmark = pytest.mark.integration
 
@@ -188,6 +188,7 @@ def test_bisect_runs_a_few_pushes_and_names_the_culprit() -> None:
     )
     assert s.locate_p50_s == 60 * 60
     assert out.state.count(State.SUPERSEDED) == 4 and s.run == 5
+    assert s.wrong_winners == 0  # p7 stood for by the culprit, older than it: right
 
 
 def test_bisect_without_confirmation_takes_three_runs_for_eight_pushes() -> None:
@@ -228,7 +229,7 @@ def test_configurations_name_the_worker_s_on_primary_failure() -> None:
     assert on_claim("bisect").on_failure is PrimaryFailure.BISECT
     for bad in (
         "on-claim,bisect-confirm=1",
-        "latest-wins,on-primary-failure=bisect",
+        "latest-wins,on-primary-failure=bisect,bisect-confirm=1",
         "on-claim,on-primary-failure=later",
         "on-claim,on-primary-failure=bisect,on-primary-failure=release",
     ):
@@ -252,7 +253,7 @@ def test_policy_files_accept_bisect_with_bisect_confirm() -> None:
     first, second = policy.rules
     assert first.on_primary_failure is PrimaryFailure.BISECT and first.bisect_confirm == 0
     assert second.bisect_confirm == 1
-    assert first.script_args()[6] == 1  # victims held until the primary ends, as with release
+    assert first.script_args()[6] == 2  # victims held until the primary ends, then searched
     assert "bisect confirm 0" in rules.describe(policy)[0]
     for bad in (
         {"on-primary-failure": "release", "bisect-confirm": 1},
@@ -325,3 +326,99 @@ def test_without_failures_the_report_keeps_its_rows(tmp_path: Path) -> None:
     done = replay_cli("--hours", "3", "--config", "on-claim")
     assert done.returncode == 0, done.stderr
     assert "extra runs" not in done.stdout and "regressions" not in done.stdout
+
+
+# -- the enforcer's bisect (a policy file) --------------------------------------------------------
+def bisect_policy() -> Config:
+    rule = {"keys": "k", "strategy": "latest-wins", "on-primary-failure": "bisect"}
+    return Config.from_policy(rules.parse({"rules": [rule]}, "test"), "bisect.yaml")
+
+
+def held_behind_busy(culprit: int) -> History:
+    """One worker, busy for an hour: p0..p8 arrive meanwhile (minutes 1-9), each held by the
+    enforcer for the next; at 60 the worker runs p8, the primary (60-70). Broken from
+    ``culprit`` on."""
+    pushes = (
+        dataclasses.replace(task(f"p{n}", n + 1, 10, order=n, key="k"), broken=n >= culprit)
+        for n in range(9)
+    )
+    return history(task("busy", 0, 60, key=None), *pushes)
+
+
+@pytest.mark.usefixtures("redis_client")  # findings outlive the replay
+def test_the_enforcer_s_bisect_locates_the_culprit_and_supersedes_the_rest() -> None:
+    h = held_behind_busy(5)
+    config = bisect_policy()
+    out, s = run(h, config)
+    # p8 fails at 70: the enforcer releases p3 (passes at 80), then p5 (fails at 90), then
+    # p4 (passes at 100): p5 is the culprit, p4 the last good; no confirmation (bisect-confirm
+    # is taken as 0 by the enforcer).
+    assert fates(h, out) == {
+        "busy": ("completed", 60, ""),
+        **{f"p{n}": ("superseded", 100, "p4") for n in range(3)},
+        "p3": ("completed", 80, ""),
+        "p4": ("completed", 100, ""),
+        "p5": ("failed", 90, ""),
+        **{f"p{n}": ("superseded", 100, "p5") for n in (6, 7)},
+        "p8": ("failed", 70, ""),
+    }
+    ids = [t.task_id for t in h.tasks]
+    assert out.searches == [
+        Search(ids.index("p8"), ids.index("p5"), ids.index("p4"), T(70), T(100), 3)
+    ]
+    # Each probe is a released victim that ran again.
+    assert [out.runs[ids.index(f"p{n}")] for n in range(9)] == [1, 1, 1, 2, 2, 2, 1, 1, 1]
+    assert (s.extra_runs, s.bisections, s.regressions, s.located, s.wrong_culprits) == (
+        3,
+        1,
+        1,
+        1,
+        0,
+    )
+    assert s.worker_hours == round(100 / 60, 3)
+    assert s.locate_p50_s == 30 * 60  # from p8's failure at 70 to the culprit at 100
+    assert (s.wrong_winners, s.lost) == (0, 0)
+    assert not any(state == State.HELD for state in out.state)
+
+
+@pytest.mark.usefixtures("redis_client")  # findings outlive the replay
+@pytest.mark.parametrize(
+    ("culprit", "probes", "good"),
+    [(0, ["p3", "p1", "p0"], None), (8, ["p3", "p5", "p6", "p7"], "p7")],
+)
+def test_the_enforcer_s_bisect_at_either_end(culprit: int, probes: list[str], good: str) -> None:
+    h = held_behind_busy(culprit)
+    out, s = run(h, bisect_policy())
+    ids = [t.task_id for t in h.tasks]
+    found = fates(h, out)
+    assert sorted(t for t, (state, _, by) in found.items() if state != "superseded") == sorted(
+        ["busy", "p8", *probes]
+    )
+    stand_in = "p0" if culprit == 0 else good
+    assert {by for state, _, by in found.values() if state == "superseded"} == {stand_in}
+    [search] = out.searches
+    assert search.culprit == ids.index(f"p{culprit}")
+    assert search.last_good == (-1 if good is None else ids.index(good))
+    assert search.runs == s.extra_runs == len(probes)
+
+
+def T(n: float) -> int:
+    return T0 + int(n * 60_000)
+
+
+@pytest.mark.usefixtures("redis_client")  # findings outlive the replay
+def test_a_policy_file_with_bisect_says_the_enforcer_trusts_failures(tmp_path: Path) -> None:
+    policy = tmp_path / "bisect.yaml"
+    policy.write_text(
+        "rules:\n  - keys: build.*\n    strategy: latest-wins\n"
+        "    on-primary-failure: bisect\n    bisect-confirm: 1\n"
+    )
+    busy = ("--hours", "12", "--pushes-per-hour", "20", "--build-workers", "1")
+    done = replay_cli(*busy, "--regressions", "0.1", "--policy", str(policy), "--json")
+    assert done.returncode == 0, done.stderr
+    assert "trusting failures (bisect-confirm taken as 0)" in done.stderr
+    assert "released when the primary fails" not in done.stderr
+    doc = orjson.loads(done.stdout)
+    [_, bisected] = doc["configurations"]
+    assert bisected["bisections"] > 0 and bisected["extra_runs"] > 0
+    assert bisected["located"] > 0

@@ -21,12 +21,12 @@ class Chart:
 
 
 def _span(ms: int) -> str:
-    """``90 s``, ``2.5 min``, ``24 h``."""
+    """A duration as a reader says it: ``90 s``, ``3 min`` (not ``2.58 min``), ``24 h``."""
     if ms < 120_000:
-        return f"{ms / 1000:.3g} s"
+        return f"{round(ms / 1000)} s"
     if ms < 7_200_000:
-        return f"{ms / 60_000:.3g} min"
-    return f"{ms / 3_600_000:.3g} h"
+        return f"{round(ms / 60_000)} min"
+    return f"{round(ms / 3_600_000)} h"
 
 
 def _duration(ms: float) -> tuple[float, str]:
@@ -54,7 +54,8 @@ def overview_charts(found: dict[str, Series], retention: Retention) -> list[Char
             history.PENDING,
             "Pending tasks",
             f"latest sample {latest:,.0f}" if latest is not None else "not sampled yet",
-            "Over every key, as the background upkeep counts them (about every 15 s).",
+            "Over every key, as the background upkeep counts them (about every 15 s): the "
+            "tile above counts them now, so the two differ while tasks come and go.",
             charts.timeline(pending, width, y_label="pending tasks", bars=False, colour=colours[0]),
         ),
         Chart(
@@ -103,7 +104,8 @@ def key_chart(found: dict[str, Series], retention: Retention) -> Chart:
         "Pending tasks",
         f"latest sample {latest:,.0f}" if latest is not None else "not sampled yet",
         f"As the background upkeep counts them, one point per {_span(keyed.bucket_ms)} "
-        f"(the last {_span(keyed.span_ms)} at most).",
+        f"(the last {_span(keyed.span_ms)} at most); the tile above counts them now, so the "
+        "two differ while tasks come and go.",
         charts.timeline(pending, keyed.bucket_ms, y_label="pending tasks", bars=False),
     )
 

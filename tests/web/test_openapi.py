@@ -204,6 +204,7 @@ def test_the_stats_shape_requires_every_documented_counter() -> None:
         "events_stale",
         "events_ignored",
         "events_expired",
+        "events_limited",
         "events_invalid",
         "events_dead_lettered",
         "keys",

@@ -117,7 +117,8 @@ def test_a_fast_answer_is_the_ordinary_one_to_the_byte(service: str) -> None:
     assert f_status == o_status == b"HTTP/1.1 200 OK"
     assert f_body == o_body
     assert orjson.loads(f_body) == {"supersedes": TASKS}
-    o_headers.pop(b"connection")  # the ordinary path closes an HTTP/1.0 connection
+    # The ordinary path closes an HTTP/1.0 connection (uvicorn 0.53 and later also say so).
+    o_headers.pop(b"connection", None)
     f_headers.pop(b"date"), o_headers.pop(b"date")
     assert list(f_headers.items()) == list(o_headers.items())
 

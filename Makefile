@@ -5,8 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
+# The same suite at the bottom of pyproject.toml's ranges: every direct dependency at its lower
+# bound (constraints-lowest.txt, a lowest-direct resolution made by `make lock`).
+LOWEST := .venv-lowest
+LOWEST_STAMP := $(LOWEST)/.installed-stamp
 
-.PHONY: run test test-taskcluster demo bench docs docs-serve clean
+.PHONY: run test lock test-taskcluster demo bench docs docs-serve clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
@@ -22,18 +26,31 @@ $(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@
 
+$(LOWEST_STAMP): $(STAMP) constraints-lowest.txt
+	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST)/bin/python -m pip install -q -c constraints-lowest.txt -e '.[test]'
+	@touch $@
+
 run: $(STAMP)
 	$(BIN)/coalescer serve
 
 demo: $(STAMP)
 	$(BIN)/coalescer demo
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(LOWEST_STAMP)
+	$(BIN)/python scripts/lock.py --check
 	$(BIN)/ruff check coalescer tests tests_taskcluster
 	$(BIN)/ruff format --check coalescer tests tests_taskcluster
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
+	@echo "[lowest] the suite again, every direct dependency at its lower bound ($(LOWEST))"
+	$(BIN)/python scripts/with_services.py $(LOWEST)/bin/pytest -q -p no:cacheprovider
+
+# requirements.txt (the hashed deploy lock) and constraints-lowest.txt, from pyproject.toml.
+lock: $(TEST_STAMP)
+	$(BIN)/python scripts/lock.py
 
 # Opt-in: the real-systems scenarios against a real Taskcluster deployment named by the
 # environment (docs/how-to/real-taskcluster.md). `make test` never collects them.
@@ -55,6 +72,17 @@ bench: $(TEST_STAMP)
 	@# Ingest: one `coalescer listen` draining a Pulse backlog, and POST /v1/events in bodies of 1,000.
 	$(BIN)/python scripts/with_services.py $(BIN)/python bench/ingest.py
 
+# The chaos soak: the real processes under random store, broker and process faults for
+# SOAK_DURATION seconds on SOAK_STORE (redis: one Redis; cluster: 3 masters with replicas), then
+# the invariants checked; the report in SOAK_REPORT (report.html, report.json). Exits 1 on any
+# violation. `make test` runs a 60 s version (tests/integration/test_soak.py).
+SOAK_DURATION ?= 600
+SOAK_STORE ?= redis
+SOAK_REPORT ?= build/soak-$(SOAK_STORE)
+soak: $(TEST_STAMP)
+	$(BIN)/python scripts/with_services.py $(BIN)/python -m tests.soak \
+		--duration $(SOAK_DURATION) --store $(SOAK_STORE) --report $(SOAK_REPORT)
+
 # The documentation site, built strictly: a broken link or anchor is an error.
 docs: $(TEST_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
@@ -64,4 +92,4 @@ docs-serve: $(TEST_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8001
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) $(LOWEST) .pytest_cache .mypy_cache .ruff_cache site

@@ -1,0 +1,390 @@
+"""The soak's run: set up the store, the broker proxies and the processes; stream pushes,
+bursts and probes while faults are injected; stop, settle, check, report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import random
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import httpx
+
+from coalescer.ingest.topology import dead_letter_names
+from tests.ports import free_port
+from tests.soak import checker, report
+from tests.soak.cast import Cast
+from tests.soak.faults import Faults
+from tests.soak.load import BUILD_QUEUE, TEST_QUEUE, Prober, Pusher
+from tests.soak.stores import OneRedis
+from tests.tcp_proxy import TcpProxy
+
+TOKEN = "soak-ingest-token"
+POLICY = "rules: [{keys: 'lw.*', strategy: latest-wins}]\n"
+KEYS = [f"k{i}" for i in range(20)] + [f"lw.{i}" for i in range(4)]
+WORKERS = [
+    ("w-build-1", BUILD_QUEUE),
+    ("w-build-2", BUILD_QUEUE),
+    ("w-build-3", BUILD_QUEUE),
+    ("w-test-1", TEST_QUEUE),
+]
+SAMPLED = ("serve", "listen-1", "listen-2", "enforce-1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    duration: float
+    store: str
+    report_dir: Path
+    seed: int
+    amqp_url: str
+    rate: float = 4.0  # pushes a second
+    burst: int = 40  # tasks pushed at once, every burst_every seconds
+    burst_every: float = 15.0
+    settle: float = 90.0  # longest wait for the queue to have nothing pending or running
+    only: tuple[str, ...] = ()  # draw only these kinds of fault (all when empty)
+
+
+def _with_port(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    auth = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{port}"))
+
+
+class Soak:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        config.report_dir.mkdir(parents=True, exist_ok=True)
+        self.logs = config.report_dir / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.cast = Cast(self.logs)
+        self.store = OneRedis()
+        self.tag = uuid.uuid4().hex[:10]
+        self.prefix = f"coalesce.soak{self.tag}"
+        self.pulse_queue = f"queue/guest/coalescer-soak-{self.tag}"
+        self.queue_port, self.web_port = free_port(), free_port()
+        self.root = f"http://127.0.0.1:{self.queue_port}"
+        self.service = f"http://127.0.0.1:{self.web_port}"
+        self.samples: list[tuple[float, str, int, int]] = []
+        self.bursts: list[tuple[float, float]] = []
+        self.findings = checker.Findings()
+        self.notes: list[str] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("COALESCER_", "PULSE_", "TASKCLUSTER_", "REDIS_URL"))
+        }
+        env.update(
+            REDIS_URL=self.store.url,
+            PULSE_URL=self.config.amqp_url,
+            PULSE_QUEUE=self.pulse_queue,
+            COALESCER_ROUTE_PREFIX=self.prefix,
+            COALESCER_RANK_TAG="push",
+            COALESCER_LOG_FORMAT="text",
+            COALESCER_INGEST_TOKEN=TOKEN,
+            COALESCER_POLICY_FILE=str(self.config.report_dir / "policy.yaml"),
+            TASKCLUSTER_ROOT_URL=self.root,
+            TASKCLUSTER_CLIENT_ID="soak",
+            TASKCLUSTER_ACCESS_TOKEN="no-secret",
+        )
+        env.update(extra)
+        return env
+
+    async def run(self) -> int:
+        (self.config.report_dir / "policy.yaml").write_text(POLICY)
+        amqp = urlsplit(self.config.amqp_url)
+        started = time.time()
+        self.store.start()
+        try:
+            async with (
+                TcpProxy(amqp.hostname or "127.0.0.1", amqp.port or 5672) as p1,
+                TcpProxy(amqp.hostname or "127.0.0.1", amqp.port or 5672) as p2,
+            ):
+                self.proxies = [p1, p2]
+                try:
+                    await self._start_cast()
+                    await self._soak()
+                    await self._check()
+                finally:
+                    self.cast.stop_all(order=[n for n, _ in WORKERS] + ["enforce-1", "enforce-2"])
+        finally:
+            with contextlib.suppress(Exception):
+                await self._delete_queues()
+            self.store.stop()
+        return report.write(self, started)
+
+    async def _start_cast(self) -> None:
+        cast, env = self.cast, self.env
+        listen_env = [env(PULSE_URL=_with_port(self.config.amqp_url, p.port)) for p in self.proxies]
+        cast.start("listen-1", ["listen", "--declare-exchanges"], listen_env[0])
+        await self._until(
+            lambda: "consuming queue/" in cast.output("listen-1", 100_000), 30, "listen"
+        )
+        cast.start("listen-2", ["listen", "--declare-exchanges"], listen_env[1])
+        cast.start("serve", ["serve", "--workers", "2", "--port", str(self.web_port)], env())
+        cast.start(
+            "emulator",
+            ["--port", str(self.queue_port), "--pulse-url", self.config.amqp_url],
+            env(),
+            module="tests.soak.emulator",
+        )
+        for name in ("enforce-1", "enforce-2"):
+            cast.start(
+                name, ["enforce", "--consumer", name, "--lease", "5", "--poll", "0.2"], env()
+            )
+        async with httpx.AsyncClient(timeout=2) as http:
+            for url in (f"{self.service}/__lbheartbeat__", f"{self.root}/api/queue/v1/ping"):
+                await self._until_http(http, url)
+        for name, queue in WORKERS:
+            cast.start(
+                name,
+                [
+                    "worker",
+                    "--task-queue-id",
+                    queue,
+                    "--worker-group",
+                    "soak",
+                    "--worker-id",
+                    name,
+                    "--superseder-allow",
+                    f"{self.service}/",
+                ],
+                env(),
+            )
+
+    async def _until(self, check: Any, within: float, what: str) -> None:
+        give_up = time.monotonic() + within
+        while not check():
+            if dead := self.cast.dead():
+                raise RuntimeError(f"{dead} exited:\n{self.cast.output(dead[0])}")
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{what} did not start within {within:.0f} s")
+            await asyncio.sleep(0.1)
+
+    async def _until_http(self, http: httpx.AsyncClient, url: str) -> None:
+        async def answers() -> bool:
+            try:
+                return (await http.get(url)).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        give_up = time.monotonic() + 30
+        while not await answers():
+            if dead := self.cast.dead():
+                raise RuntimeError(f"{dead} exited:\n{self.cast.output(dead[0])}")
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{url} did not answer within 30 s")
+            await asyncio.sleep(0.1)
+
+    async def _soak(self) -> None:
+        config = self.config
+        self.pusher = Pusher(self.root, self.service, self.prefix, KEYS, self.rng)
+        self.prober = Prober(self.service, self.pusher, random.Random(config.seed + 1))
+        killable = ["serve", "listen-1", "listen-2", "enforce-1", "enforce-2"]
+        self.faults = Faults(
+            cast=self.cast,
+            store=self.store,
+            proxies=self.proxies,
+            killable=killable + [n for n, _ in WORKERS],
+            service=self.service,
+            token=TOKEN,
+            prefix=self.prefix,
+            rng=random.Random(config.seed + 2),
+            rebuild=self._rebuild,
+            publish_raw=self._publish_raw,
+        )
+        if config.only:
+            self.faults.menu = {k: v for k, v in self.faults.menu.items() if k in config.only}
+        self.amqp = await aio_pika.connect(config.amqp_url)
+        stop = asyncio.Event()
+        self.t0 = time.time()
+        end = self.t0 + config.duration
+        background = [
+            asyncio.create_task(self.pusher.stream(stop, config.rate)),
+            asyncio.create_task(self.prober.run(stop)),
+            asyncio.create_task(self._bursts(stop)),
+            asyncio.create_task(self._sample(stop)),
+            asyncio.create_task(self._watch(stop)),
+        ]
+        faults = asyncio.create_task(self.faults.run(until=end - min(10, config.duration / 6)))
+        try:
+            await asyncio.sleep(max(0.0, end - time.time()))
+            await faults
+        finally:
+            stop.set()
+            faults.cancel()
+            await asyncio.gather(*background, faults, return_exceptions=True)
+        self.ended = time.time()
+        await asyncio.to_thread(self.store.healthy)
+        for name, member in self.cast.members.items():
+            if member.proc.poll() is not None:
+                self.cast.restart(name)
+
+    async def _bursts(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.burst_every)
+                return
+            start = time.time()
+            await self.pusher.burst(self.config.burst)
+            self.bursts.append((start, time.time() + 3.0))
+
+    async def _sample(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            now = time.time()
+            for name in SAMPLED:
+                self.samples.append((now, name, self.cast.pid(name), self.cast.rss(name)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 2.0)
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        """A platform's restarts: a process that exits on its own is a violation, restarted."""
+        while not stop.is_set():
+            for name in self.cast.dead():
+                if name in self.faults.killed:
+                    continue
+                self.findings.add(
+                    "no process exits on its own",
+                    f"{name} exited ({self.cast.members[name].proc.returncode}): "
+                    f"{self.cast.output(name, 1500)}",
+                )
+                self.cast.restart(name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    async def _coalescer(self, *args: str) -> str:
+        timeout = 120.0
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "coalescer.cli",
+            *args,
+            env=self.env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return f"timed out after {timeout:.0f} s"
+        text = out.decode(errors="replace")
+        record = f"---- {' '.join(args)} (exit {proc.returncode})\n{text}\n"
+        with (self.logs / "reconcile.log").open("a") as log:
+            log.write(record)
+        return text
+
+    async def _rebuild(self) -> str:
+        out = await self._coalescer(
+            "reconcile",
+            "--rebuild",
+            "--no-progress",
+            "--task-queue-id",
+            BUILD_QUEUE,
+            "--task-queue-id",
+            TEST_QUEUE,
+        )
+        return (out.strip().splitlines() or ["(no output)"])[-1][-300:]
+
+    async def _publish_raw(self, cc: str, body: bytes) -> None:
+        channel = await self.amqp.channel()
+        try:
+            exchange = await channel.get_exchange("exchange/taskcluster-queue/v1/task-pending")
+            await exchange.publish(
+                aio_pika.Message(body=body, headers={"CC": [cc]}, content_type="application/json"),
+                routing_key="primary.soak",
+            )
+        finally:
+            await channel.close()
+
+    async def _settle(self, queue: checker.Queue) -> None:
+        give_up = time.monotonic() + self.config.settle
+        left = -1
+        while time.monotonic() < give_up:
+            left = await checker.unsettled(queue, self.pusher.tasks)
+            if left == 0:
+                break
+            await asyncio.sleep(1.0)
+        self.findings.counts["settle seconds"] = round(time.time() - self.ended, 1)
+        if left:
+            self.notes.append(
+                f"{left} tasks still pending or running after {self.config.settle:.0f} s"
+            )
+        async with self.amqp.channel() as channel:  # until listen has taken every message
+            for _ in range(60):
+                declared = await channel.declare_queue(self.pulse_queue, passive=True)
+                if not declared.declaration_result.message_count:
+                    break
+                await asyncio.sleep(0.5)
+        await asyncio.sleep(2.0)  # the last batches applied and acknowledged
+
+    async def _check(self) -> None:
+        findings = self.findings
+        async with httpx.AsyncClient(timeout=60) as http:
+            queue = checker.Queue(http, self.root)
+            await self._settle(queue)
+            await checker.check_queue(queue, self.pusher.tasks, findings)
+        self._check_reconcile(await self._coalescer("reconcile", "--no-progress"))
+        dead = await self._dead_letters()
+        checker.check_dead_letters(dead, self.faults.sent.bad_pulse, findings)
+        self.peak = checker.check_memory(self.samples, findings)
+        findings.counts["events published"] = await self._published()
+        await self.amqp.close()
+
+    def _check_reconcile(self, out: str) -> None:
+        found = re.search(
+            r"reconciled (\d+) tasks.*?(\d+) fixed.*?(\d+) removed.*?(\d+) failed", out
+        )
+        if not found:
+            self.findings.add("the index equals the queue", f"reconcile said: {out[-500:]}")
+            return
+        _, fixed, _, failed = map(int, found.groups())
+        self.findings.counts["reconcile"] = found.group(0)
+        if fixed or failed:
+            fixes = [line for line in out.splitlines() if "fixed" in line or "could not" in line]
+            self.findings.add(
+                "the index equals the queue", f"{found.group(0)}\n" + "\n".join(fixes[-20:])
+            )
+        ours = set(self.pusher.tasks)
+        for task_id in re.findall(r"removed task (\S+):", out):
+            if task_id in ours:
+                self.findings.add(
+                    "the index equals the queue",
+                    f"reconcile removed {task_id}, which the queue knows",
+                )
+
+    async def _dead_letters(self) -> list[bytes]:
+        found = []
+        async with self.amqp.channel() as channel:
+            queue = await channel.declare_queue(
+                dead_letter_names(self.pulse_queue)[1], passive=True
+            )
+            while (got := await queue.get(no_ack=True, fail=False, timeout=5)) is not None:
+                found.append(got.body)
+        return found
+
+    async def _published(self) -> int:
+        async with httpx.AsyncClient(timeout=60) as http:
+            r = await http.get(f"{self.root}/emulator/v1/messages")
+            return len(r.json()["messages"])
+
+    async def _delete_queues(self) -> None:
+        connection = await aio_pika.connect(self.config.amqp_url)
+        async with connection, connection.channel() as channel:
+            dead_exchange, dead_queue = dead_letter_names(self.pulse_queue)
+            await channel.queue_delete(self.pulse_queue)
+            await channel.queue_delete(dead_queue)
+            await channel.exchange_delete(dead_exchange)

@@ -36,8 +36,9 @@ GAUGES = frozenset({PENDING})
 
 #: ``(series, bucket start ms)``
 Slot = tuple[str, int]
-#: The pages show at least this many buckets, however recent the first one kept.
-SHOWN_AT_LEAST = 30
+#: The pages' charts span at least this long (and two buckets), however recent the first
+#: bucket kept: a young service's charts span its own age, not hours with one point.
+SHOWN_AT_LEAST_MS = 10 * 60_000
 #: A key's ring has buckets this many times as wide as the ring over every key.
 KEY_FACTOR = 5
 #: A gauge is written when it changes, and at least every ``CARRY`` buckets: a bucket without

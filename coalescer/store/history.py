@@ -83,7 +83,7 @@ async def read(
     (raw,) = await store._pipeline(lambda pipe: pipe.hgetall(ring))
     fields = {_text(k): _text(v) for k, v in raw.items()}
     first = history.first_activity(fields)
-    since = now_ms - (history.SHOWN_AT_LEAST - 1) * retention.bucket_ms
+    since = now_ms - max(history.SHOWN_AT_LEAST_MS, retention.bucket_ms)
     if first is not None:
         since = min(since, first)
     return history.decode(fields, retention, now_ms=now_ms, since_ms=since)

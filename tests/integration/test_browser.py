@@ -157,7 +157,7 @@ async def test_the_pages_in_a_browser_while_events_flow(tmp_path: Path) -> None:
             )
             await shot(page, tmp_path, "key")
 
-            await page.goto(primary.group(4))
+            await page.goto(primary.group(5))
             await expect(page.locator(".verdict")).to_contain_text("likely primary")
             crumbs = page.locator("nav.crumbs a")
             await expect(crumbs).to_have_text(["Keys", primary.group(1)])

@@ -103,6 +103,10 @@ async def test_a_key_page_charts_its_pending_tasks(
     page = (await client.get("/k", headers=HTML)).text
     assert chart(page, "pending").count("<circle") == 1  # one sample: a dot
     assert "Pending tasks <span>· latest sample 2" in page
+    # A key seen a minute ago spans minutes, not hours (its buckets are 5 min wide).
+    hours = re.findall(r">(\d\d:\d\d)<", chart(page, "pending"))
+    first, last = (int(h[:2]) * 60 + int(h[3:]) for h in (hours[0], hours[-1]))
+    assert (last - first) % 1440 <= 15, hours
 
 
 async def test_each_superseded_resolution_links_to_what_superseded_it(

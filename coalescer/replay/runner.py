@@ -27,7 +27,7 @@ from coalescer.replay.enforcing import PoolEnforcer
 from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, Pool
 from coalescer.store import Store
-from coalescer.store.replay import apply_and_ask, drop, holds_nothing
+from coalescer.store.replay import apply_and_ask, drop, drop_census, holds_nothing
 
 #: The service's default cap on an answer's length.
 CAP = 32
@@ -270,7 +270,8 @@ async def replay(
     A policy needs the embedded store or an empty database: its decisions go through the
     outbox that a live ``coalescer enforce`` would carry out on the real queue.
     """
-    if any(c.on_arrival for c in configs) and not store.embedded:
+    scratch = any(c.on_arrival for c in configs) and not store.embedded
+    if scratch:
         if not await holds_nothing(store):
             raise ConfigError(
                 "policy replays write decisions to the outbox that a live enforcer carries "
@@ -296,4 +297,10 @@ async def replay(
             if index is not None:
                 await index.forget()
 
-    return list(await asyncio.gather(*(one(n, c) for n, c in enumerate(configs))))
+    try:
+        return list(await asyncio.gather(*(one(n, c) for n, c in enumerate(configs))))
+    finally:
+        if scratch:
+            # The policy's writes counted the index's size as the service's ingest does; on
+            # the scratch database that count is the replay's alone.
+            await drop_census(store)

@@ -45,6 +45,7 @@ async def drop(store: Store, names: Sequence[str]) -> None:
                 *keys.answered(key),
                 *keys.settled(key),
                 *keys.policy(key)[3:5],
+                *keys.bisections(key),
                 keys.lease(key),
             )
         pipe.zrem(keys.KEYS_INDEX, *names)
@@ -53,6 +54,11 @@ async def drop(store: Store, names: Sequence[str]) -> None:
 
     if names:
         await store._pipeline(fill)
+
+
+async def drop_census(store: Store) -> None:
+    """Delete the index's size count (a scratch database's, once a policy replay is done)."""
+    await store._pipeline(lambda pipe: pipe.delete(keys.CENSUS))
 
 
 async def apply_and_ask(

@@ -65,7 +65,6 @@ class Faults:
         rng: random.Random,
         rebuild: Callable[[], Awaitable[str]],
         publish_raw: Callable[[str, bytes], Awaitable[None]],
-        extra: dict[str, Callable[[], Awaitable[str]]] | None = None,
     ) -> None:
         self.cast = cast
         self.store = store
@@ -90,7 +89,6 @@ class Faults:
             "bad-input": self.bad_input,
             "slow-clients": self.slow_clients,
             "key-flood": self.key_flood,
-            **(extra or {}),
         }
         #: how often each is drawn, relative to the others
         self.weights = {"sigkill": 3, "broker-cut": 2, "redis-sigstop": 2}

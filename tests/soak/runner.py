@@ -25,7 +25,7 @@ from tests.soak import checker, report
 from tests.soak.cast import Cast
 from tests.soak.faults import Faults
 from tests.soak.load import BUILD_QUEUE, TEST_QUEUE, Prober, Pusher
-from tests.soak.stores import OneRedis
+from tests.soak.stores import Cluster, OneRedis
 from tests.tcp_proxy import TcpProxy
 
 TOKEN = "soak-ingest-token"
@@ -68,7 +68,9 @@ class Soak:
         self.logs = config.report_dir / "logs"
         self.logs.mkdir(exist_ok=True)
         self.cast = Cast(self.logs)
-        self.store = OneRedis()
+        self.store: OneRedis | Cluster = (
+            Cluster(random.Random(config.seed + 3)) if config.store == "cluster" else OneRedis()
+        )
         self.tag = uuid.uuid4().hex[:10]
         self.prefix = f"coalesce.soak{self.tag}"
         self.pulse_queue = f"queue/guest/coalescer-soak-{self.tag}"
@@ -205,6 +207,15 @@ class Soak:
             rebuild=self._rebuild,
             publish_raw=self._publish_raw,
         )
+        if isinstance(self.store, Cluster):
+            cluster = self.store
+            del self.faults.menu["redis-readonly"]  # REPLICAOF is refused in cluster mode
+
+            async def kill_master() -> str:
+                return await asyncio.to_thread(cluster.kill_master)
+
+            self.faults.menu["cluster-master-kill"] = kill_master
+            self.faults.weights["cluster-master-kill"] = 2
         if config.only:
             self.faults.menu = {k: v for k, v in self.faults.menu.items() if k in config.only}
         self.amqp = await aio_pika.connect(config.amqp_url)

@@ -3,6 +3,21 @@ masters with a replica each (:class:`Cluster`); the store faults act on them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from tests.ports import free_port_pair
 from tests.redis_server import RedisServer
 
 
@@ -49,3 +64,173 @@ class OneRedis:
         self.server.thaw()
         self.server.client.replicaof("NO", "ONE")
         self.server.unfill()
+
+
+class Cluster:
+    """Three masters with a replica each on loopback (``cluster-node-timeout`` 3 s, so that a
+    killed master's replica takes over within seconds). No persistence: a node restarted after
+    a kill comes back empty and rejoins as its successor's replica."""
+
+    NODE_TIMEOUT_MS = 3000
+
+    def __init__(self, rng: random.Random, masters: int = 3) -> None:
+        self.rng = rng
+        server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if server is None or cli is None:
+            raise RuntimeError(
+                "redis-server and redis-cli are needed: apt-get install redis-server"
+            )
+        self.server, self.cli = server, cli
+        self.workdir = Path(tempfile.mkdtemp(prefix="coalescer-soak-cluster-"))
+        self.ports = [free_port_pair(10000) for _ in range(masters * 2)]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.frozen: set[int] = set()
+        self.url = f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def _argv(self, port: int) -> list[str]:
+        return [
+            self.server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+            "--cluster-config-file", str(self.workdir / f"nodes-{port}.conf"),
+            "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--save", "",
+            "--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning",
+            "--maxmemory-policy", "noeviction",
+            "--logfile", str(self.workdir / f"node-{port}.log"),
+        ]  # fmt: skip
+
+    def _client(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=5)
+
+    def start(self) -> None:
+        for port in self.ports:
+            self.procs[port] = subprocess.Popen(self._argv(port), stdout=subprocess.DEVNULL)
+        self._until(lambda: all(self._answers(p) for p in self.ports), 15, "the nodes to start")
+        subprocess.run(
+            [self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        self._until(self._ok, 30, "the cluster to be ready")
+
+    def _answers(self, port: int) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                pass
+            with self._client(port) as client:
+                return bool(client.ping())
+        except (OSError, redis.RedisError):
+            return False
+
+    def _ok(self) -> bool:
+        """The cluster says ok, and as many masters serve slots as it was created with."""
+        port = next(p for p in self.ports if p not in self.frozen and self._answers(p))
+        with self._client(port) as client:
+            if client.cluster("info").get("cluster_state") != "ok":
+                return False
+        return len(self.masters()) == len(self.ports) // 2
+
+    def _until(self, check: Callable[[], bool], within: float, what: str) -> None:
+        give_up = time.monotonic() + within
+        while not check():
+            if time.monotonic() > give_up:
+                logs = "\n".join(p.read_text()[-800:] for p in self.workdir.glob("node-*.log"))
+                raise RuntimeError(f"timed out waiting for {what}:\n{logs}")
+            time.sleep(0.2)
+
+    def masters(self) -> list[int]:
+        """The ports of the masters that answer and serve slots."""
+        found = []
+        for port in self.ports:
+            if port in self.frozen or not self._answers(port):
+                continue
+            with self._client(port) as client:
+                info = client.execute_command("ROLE")
+            if info[0] in (b"master", "master") and self._serves_slots(port):
+                found.append(port)
+        return found
+
+    def _serves_slots(self, port: int) -> bool:
+        with self._client(port) as client:
+            for line in client.execute_command("CLUSTER", "NODES").decode().splitlines():
+                fields = line.split()
+                if "myself" in fields[2]:
+                    return len(fields) > 8
+        return False
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def freeze(self) -> str:
+        port = self.rng.choice(self.masters())
+        os.kill(self.procs[port].pid, signal.SIGSTOP)
+        self.frozen.add(port)
+        return f"master {port}"
+
+    def thaw(self) -> None:
+        for port in list(self.frozen):
+            os.kill(self.procs[port].pid, signal.SIGCONT)
+            self.frozen.discard(port)
+
+    def fill(self) -> str:
+        """Every master over its ``maxmemory`` (set under what it uses): writes refused OOM."""
+        for port in self.masters():
+            with self._client(port) as client:
+                used = int(client.info("memory")["used_memory"])
+                client.config_set("maxmemory", max(1, used - 256 * 1024))
+        return "every master's maxmemory set under its use"
+
+    def unfill(self) -> None:
+        for port in self.ports:
+            if port not in self.frozen and self._answers(port):
+                with self._client(port) as client:
+                    client.config_set("maxmemory", 0)
+
+    def read_only(self, dead_port: int) -> str:
+        raise RuntimeError("REPLICAOF is not allowed in cluster mode")
+
+    def writable(self) -> None:
+        pass
+
+    def restart_empty(self) -> str:
+        """The index lost: every master flushed (FLUSHALL reaches the replicas too)."""
+        for port in self.masters():
+            with self._client(port) as client:
+                client.flushall()
+        return "every master flushed (the index lost)"
+
+    def kill_master(self) -> str:
+        """SIGKILL a master; wait for its replica's promotion, then restart it (empty: it
+        rejoins as a replica)."""
+        # not the node every process is given as REDIS_URL: a process restarting meanwhile
+        # could not find the cluster
+        port = self.rng.choice([p for p in self.masters() if p != self.ports[0]])
+        started = time.monotonic()
+        self.procs[port].kill()
+        self.procs[port].wait(10)
+        self._until(lambda: len(self.masters()) == len(self.ports) // 2 and self._ok_without(port),
+                    30, "a replica's promotion")  # fmt: skip
+        promoted = time.monotonic() - started
+        self.procs[port] = subprocess.Popen(self._argv(port), stdout=subprocess.DEVNULL)
+        self._until(self._ok, 30, "the killed master to rejoin")
+        return f"master {port} killed, replica promoted in {promoted:.1f} s, rejoined"
+
+    def _ok_without(self, port: int) -> bool:
+        live = next(
+            p for p in self.ports if p != port and p not in self.frozen and self._answers(p)
+        )
+        with self._client(live) as client:
+            return bool(client.cluster("info").get("cluster_state") == "ok")
+
+    def healthy(self) -> None:
+        self.thaw()
+        self.unfill()
+        self._until(self._ok, 30, "the cluster to be whole")

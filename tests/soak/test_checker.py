@@ -1,0 +1,130 @@
+"""The soak's checker finds each kind of violation it is meant to (fed a queue's answers
+directly), and none in a history where everything went right."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.soak import checker
+from tests.soak.load import Pushed
+
+
+class FakeQueue(checker.Queue):
+    def __init__(
+        self,
+        statuses: dict[str, Any],
+        blobs: dict[tuple[str, int, str], Any],
+        messages: list[tuple[str, str, int]],
+    ) -> None:
+        self._statuses, self._blobs, self._messages = statuses, blobs, messages
+
+    async def statuses(self, task_ids: Any) -> dict[str, dict[str, Any]]:
+        return {t: self._statuses[t] for t in task_ids if t in self._statuses}
+
+    async def blob(self, task_id: str, run_id: int, name: str) -> Any | None:
+        return self._blobs.get((task_id, run_id, name))
+
+    async def messages(self, kind: str) -> list[dict[str, Any]]:
+        return [
+            {"payload": {"status": {"taskId": t}, "runId": r}}
+            for k, t, r in self._messages
+            if k == kind
+        ]
+
+
+def run(state: str, reason: str | None = None, created: str = "scheduled") -> dict[str, Any]:
+    found = {"runId": 0, "state": state, "reasonCreated": created}
+    if reason:
+        found["reasonResolved"] = reason
+    return found
+
+
+def status(*runs: dict[str, Any]) -> dict[str, Any]:
+    for i, r in enumerate(runs):
+        r["runId"] = i
+    state = runs[-1]["state"] if runs else "unscheduled"
+    return {"state": state, "runs": list(runs)}
+
+
+TASKS = {
+    "old": Pushed("old", "k", 1, 0.0),
+    "new": Pushed("new", "k", 2, 0.0),
+    "dep": Pushed("dep", "dep.k", 3, 0.0, ("old",)),
+}
+
+
+async def check(statuses: dict[str, Any], blobs: dict[Any, Any], messages: list[Any]) -> list[str]:
+    findings = checker.Findings()
+    await checker.check_queue(FakeQueue(statuses, blobs, messages), TASKS, findings)
+    return [v.invariant for v in findings.violations]
+
+
+def good() -> tuple[dict[str, Any], dict[Any, Any], list[Any]]:
+    statuses = {
+        "old": status(run("exception", "canceled")),
+        "new": status(run("completed", "completed")),
+        "dep": status(),
+    }
+    blobs = {
+        ("old", 0, "public/superseded-by.json"): {"taskId": "new", "runId": 0},
+        ("new", 0, "public/supersedes.json"): [{"taskId": "old", "runId": 0}],
+    }
+    messages = [("task-exception", "old", 0), ("task-completed", "new", 0)]
+    return statuses, blobs, messages
+
+
+async def test_a_history_without_faults_has_no_violation() -> None:
+    assert await check(*good()) == []
+
+
+async def test_a_run_resolved_twice_or_never_is_found() -> None:
+    statuses, blobs, messages = good()
+    assert await check(statuses, blobs, [*messages, ("task-completed", "new", 0)]) == [
+        "every run resolved once"
+    ]
+    statuses["new"] = status(run("running"))
+    assert "every run resolved" in await check(statuses, blobs, messages)
+
+
+async def test_an_older_winner_and_a_primary_that_held_a_newer_task_are_found() -> None:
+    statuses, blobs, messages = good()
+    statuses["old"] = status(run("completed", "completed"))
+    statuses["new"] = status(run("exception", "canceled"))
+    blobs = {
+        ("new", 0, "public/superseded-by.json"): {"taskId": "old", "runId": 0},
+        ("old", 0, "public/supersedes.json"): [{"taskId": "new", "runId": 0}],
+    }
+    messages = [("task-completed", "old", 0), ("task-exception", "new", 0)]
+    assert sorted(await check(statuses, blobs, messages)) == [
+        "only newer supersedes older",
+        "the winner is the newest it held",
+    ]
+
+
+async def test_a_dependent_scheduled_for_a_canceled_dependency_is_found() -> None:
+    statuses, blobs, messages = good()
+    statuses["dep"] = status(run("completed", "completed"))
+    found = await check(statuses, blobs, [*messages, ("task-completed", "dep", 0)])
+    assert found == ["all-completed dependents run only after their dependencies"]
+    statuses["dep"] = status(run("exception", "canceled", created="exception"))  # a cascade
+    assert await check(statuses, blobs, [*messages, ("task-exception", "dep", 0)]) == []
+
+
+def test_dead_letters_other_than_the_invalid_messages_sent_are_found() -> None:
+    findings = checker.Findings()
+    checker.check_dead_letters([b"{soak: invalid 1"], 1, findings)
+    assert findings.violations == []
+    checker.check_dead_letters([b'{"version": 1}'], 1, findings)
+    assert [v.invariant for v in findings.violations] == [
+        "the dead-letter queue holds only invalid messages"
+    ]
+
+
+def test_memory_that_keeps_growing_is_found() -> None:
+    mib = 2**20
+    flat = [(float(t), "serve", 1, 100 * mib + (t % 3) * mib) for t in range(30)]
+    growing = [(float(t), "listen-1", 2, 60 * mib + t * 4 * mib) for t in range(30)]
+    findings = checker.Findings()
+    peak = checker.check_memory(flat + growing, findings)
+    assert [v.detail.split(" ")[0] for v in findings.violations] == ["listen-1"]
+    assert peak == {"serve": 102 * mib, "listen-1": 176 * mib}

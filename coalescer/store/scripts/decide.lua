@@ -114,6 +114,10 @@ local function run_ended(id, rec)
   return cur ~= nil and cur.rank == 3 and cur.run == rec.run
 end
 
+-- How deep chains of held victims are followed (a victim held for a victim held for ...): as
+-- deep as a key's decisions can make them, with a bound that keeps a corrupt cycle finite.
+local MAX_CHAIN = 1024
+
 -- `upto`, if given, limits the first level to victims decided while `by` was at that run or an
 -- earlier one (not those decided since for a newer run of `by`).
 local function settle_held(by, final, finalrun, outcome, depth, upto)
@@ -129,7 +133,7 @@ local function settle_held(by, final, finalrun, outcome, depth, upto)
       save(id, rec)
       emit(outcome, id, rec.run, final, finalrun, 'primary ' .. final .. ' ended', rec.rule)
     end
-    if rec and (outcome == 'supersede' or run_ended(id, rec)) and depth < 8 then
+    if rec and (outcome == 'supersede' or run_ended(id, rec)) and depth < MAX_CHAIN then
       settle_held(id, final, finalrun, outcome, depth + 1)
     end
   end
@@ -184,7 +188,7 @@ local function start_search(by, cur, started_ms)
           emit('release', id, rec.run, by, cur.run, 'primary ' .. by .. ' ended', rec.rule)
         end
       end
-      if rec and depth < 8 then
+      if rec and depth < MAX_CHAIN then
         gather(id, depth + 1)
       end
     end

@@ -44,9 +44,13 @@ if ARGV[1] == 'search' then
       f = {string.match(rec, '^([-%d]+)|([^|]*)|([-%d]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)|(.*)$')}
     end
     if f[6] == was then
-      if by ~= '' and by ~= f[2] then
-        redis.call('ZREM', vp, f[2] .. '|' .. id)
-        redis.call('ZADD', vp, 0, by .. '|' .. id)
+      if by ~= '' and (by ~= f[2] or byrun ~= f[3]) then
+        -- The run that stands for it, even when it is the task it was held for: a newer run
+        -- of that task (the one that ran for the search) is named, not the held one.
+        if by ~= f[2] then
+          redis.call('ZREM', vp, f[2] .. '|' .. id)
+          redis.call('ZADD', vp, 0, by .. '|' .. id)
+        end
         f[2], f[3] = by, byrun
       end
       f[6] = new

@@ -296,7 +296,12 @@ def _still_cancelled(exc: Exception | None) -> None:
 
 async def watch_store(store: Store, health: Health) -> None:
     """One round of watching the store: writable, evicting, emptied. Raises
-    :class:`StoreUnavailable` when it cannot tell (the supervisor retries)."""
+    :class:`StoreUnavailable` when it cannot tell (the supervisor retries).
+
+    Each emptying is said once by every process that watches, whether it finds the store empty
+    itself or another process (``serve``, a ``listen``) found it first: each emptying creates
+    the marker anew, with a ``since_ms`` of its own. At start, an index still waiting for its
+    rebuild is a warning."""
     try:
         await store.probe()
     except StoreUnavailable as exc:
@@ -327,6 +332,13 @@ async def watch_store(store: Store, health: Health) -> None:
         log.info("%s", health.index_message())
     elif state.created:
         log.warning("the index store holds no marker (new, or emptied): %s", index_message(state))
+    elif state.state != "ok" and before is None:
+        log.warning("the index is incomplete: %s", index_message(state))
+    elif state.state != "ok" and before is not None and state.since_ms != before.since_ms:
+        log.error(
+            "the index store was emptied (Redis restarted empty or was flushed): %s",
+            index_message(state),
+        )
     elif state.state == "ok" and before is not None and before.state != "ok":
         log.info("the index was rebuilt from the queue; superseding covers every pending task")
     await watch_limits(store, health)

@@ -23,8 +23,7 @@ from coalescer.model import check_task_id
 from coalescer.settings import Settings
 
 if TYPE_CHECKING:
-    from coalescer.health import Health
-    from coalescer.store import Store
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +227,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
-    from coalescer.health import Health, Supervisor
+    from coalescer.health import Health, Supervisor, watch_store
     from coalescer.ingest.pulse import Consumer
     from coalescer.ingest.record import Recorder
     from coalescer.observe import Observer
@@ -240,7 +239,7 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
     store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)
     # Says in the log when Redis stops taking writes, may evict keys, or was emptied.
     supervisor = Supervisor(Health())
-    supervisor.every("watch-store", 5.0, functools.partial(_watch_store, store, supervisor.health))
+    supervisor.every("watch-store", 5.0, functools.partial(watch_store, store, supervisor.health))
     try:
         consumer = Consumer(
             settings,
@@ -260,28 +259,6 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
         if recorder is not None:
             recorder.close()
     return 0
-
-
-async def _watch_store(store: Store, health: Health) -> None:
-    """One round of :func:`~coalescer.health.watch_store`, which says that the store was
-    emptied only when this process is the first to find it so. An emptying that another process
-    (``serve``, another ``listen``) found first is said here too, once: each emptying creates
-    the marker anew, with a ``since_ms`` of its own. At start, an index still waiting for its
-    rebuild is a warning."""
-    from coalescer.health import index_message, watch_store
-
-    before = health.index
-    await watch_store(store, health)
-    state = health.index
-    if state is None or state.created or state.state == "ok":
-        return  # said by watch_store, or nothing to say
-    if before is None:
-        log.warning("the index is incomplete: %s", index_message(state))
-    elif state.since_ms != before.since_ms:
-        log.error(
-            "the index store was emptied (Redis restarted empty or was flushed): %s",
-            index_message(state),
-        )
 
 
 # -- reconcile ----------------------------------------------------------------------------------

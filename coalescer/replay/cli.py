@@ -60,9 +60,9 @@ def register(sub: Any) -> None:
         "--hours",
         type=float,
         default=24.0,
-        help="length of history (24); it starts at midnight UTC, when pushes come at a tenth to "
-        "a sixth of the peak rate until 06:00, so a few hours may hold no task at all: give 8 "
-        "or more, or raise --pushes-per-hour",
+        help="length of history (24); it starts at midnight UTC (a quiet night, then the day's "
+        "peak from 10:00), or, when shorter than 10 hours, ends at 10:00: --hours 1 replays "
+        "09:00-10:00, at nearly the peak rate",
     )
     synth.add_argument("--pushes-per-hour", type=float, default=12.0, help="at the daily peak (12)")
     synth.add_argument("--platforms", type=int, default=2, help="builds per push (2)")

@@ -6,6 +6,11 @@ Each push creates, per platform, one build task (key ``build.<platform>``, task 
 process whose rate follows :data:`DAILY` (busy working hours, quiet nights); run times are
 log-normal around the given medians. The same arguments and seed give the same history.
 
+A history starts at midnight UTC, or, when shorter than :data:`PEAK_HOUR` hours, ends at the
+peak hour instead (a one-hour history is 09:00-10:00): a short history holds the morning's
+pushes, not the quiet night's. From ``PEAK_HOUR`` hours on the start stays at midnight, so a
+longer history is the same as before.
+
 Regressions and intermittent failures (both off by default): a push breaks each of its keys
 that passes with probability ``regression_rate``, and the breakage lasts ``1 .. fix_after``
 pushes of that key (uniformly drawn), the push after it fixing it; every task of a broken push
@@ -31,8 +36,10 @@ DAILY = (
     *(0.15, 0.1, 0.1, 0.1, 0.15, 0.25, 0.4, 0.6, 0.8, 0.95, 1.0, 1.0),
     *(0.9, 1.0, 1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2),
 )
+#: The hour the daily peak begins: a history shorter than this ends there.
+PEAK_HOUR = DAILY.index(max(DAILY))
 HOUR_MS = 3_600_000
-#: The history's clock starts at midnight, 2030-01-01 UTC.
+#: The history's clock: midnight, 2030-01-01 UTC.
 EPOCH_MS = 1_893_456_000_000
 
 
@@ -76,13 +83,20 @@ class Synthetic:
     def tasks_per_push(self) -> int:
         return self.platforms * (1 + self.suites)
 
+    @property
+    def start_hour(self) -> float:
+        """The hour of the day the history starts: midnight, or late enough for a short
+        history to end at :data:`PEAK_HOUR` (the same at ``PEAK_HOUR`` hours, either way)."""
+        return max(0.0, PEAK_HOUR - self.hours)
+
 
 def push_times(spec: Synthetic, rng: random.Random) -> list[int]:
-    """Push arrival times (ms), a Poisson process thinned by the daily profile."""
+    """Push arrival times (ms since midnight), a Poisson process thinned by the daily profile,
+    from :attr:`Synthetic.start_hour` for :attr:`Synthetic.hours`."""
     peak = spec.pushes_per_hour / HOUR_MS
-    end = spec.hours * HOUR_MS
+    t = spec.start_hour * HOUR_MS
+    end = t + spec.hours * HOUR_MS
     times: list[int] = []
-    t = 0.0
     while True:
         t += rng.expovariate(peak)
         if t >= end:
@@ -123,7 +137,10 @@ def generate(spec: Synthetic) -> History:
 
     deadline = int(spec.deadline_hours * HOUR_MS)
     workers: dict[str, int] = {}
-    for push, at in enumerate(push_times(spec, rng), start=1):
+    pushes = push_times(spec, rng)
+    if not pushes:
+        raise InvalidInput(empty(spec))
+    for push, at in enumerate(pushes, start=1):
         at += EPOCH_MS
         for p in range(spec.platforms):
             platform = f"p{p + 1}"
@@ -162,3 +179,22 @@ def generate(spec: Synthetic) -> History:
             f"within {spec.fix_after}; intermittent {spec.intermittent_rate:g} a run)"
         )
     return History.build(tasks, workers=workers, source=source, intermittent=spec.intermittent_rate)
+
+
+def empty(spec: Synthetic) -> str:
+    """Why a synthetic history holds no push, and what to give for one."""
+    start = spec.start_hour
+    expected = sum(
+        DAILY[int(h) % 24] * (min(h + 1, start + spec.hours) - max(h, start))
+        for h in range(int(start), math.ceil(start + spec.hours))
+    )
+    return (
+        f"the synthetic history drew no push in its {spec.hours:g} h from {_clock(start)} UTC "
+        f"(about {expected * spec.pushes_per_hour:.2g} expected at {spec.pushes_per_hour:g} "
+        "pushes an hour at the peak): give more --hours or --pushes-per-hour, or another --seed"
+    )
+
+
+def _clock(hour: float) -> str:
+    minutes = round(hour * 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"

@@ -171,3 +171,23 @@ def test_configurations_are_named_by_what_they_do(text: str, name: str) -> None:
 def test_malformed_configurations_are_refused(text: str) -> None:
     with pytest.raises(InvalidInput, match="bad configuration"):
         Config.parse(text)
+
+
+def test_one_hour_replays_the_mornings_pushes() -> None:
+    done = replay("--hours", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[0] == "off"
+    rows = {line[:27].strip(): line[27:].split() for line in lines[2:19]}
+    assert int(rows["tasks run"][0]) > 40
+    assert rows["lost tasks (must be 0)"] == ["0", "0", "0"]
+    assert any(line.startswith("test.p2.s3 ") for line in lines)
+
+
+def test_a_synthetic_history_without_a_push_exits_2_saying_what_to_give(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["replay", "--hours", "0.5", "--pushes-per-hour", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "drew no push in its 0.5 h from 09:30 UTC" in err
+    assert "give more --hours or --pushes-per-hour" in err and "Traceback" not in err

@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.installed-test-stamp
 LOWEST := .venv-lowest
 LOWEST_STAMP := $(LOWEST)/.installed-stamp
 
-.PHONY: run test lock test-taskcluster demo bench docs docs-serve clean
+.PHONY: run test test-lowest lock test-taskcluster demo bench docs docs-serve clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
@@ -38,14 +38,17 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/coalescer demo
 
-test: $(TEST_STAMP) $(LOWEST_STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python scripts/lock.py --check
 	$(BIN)/ruff check coalescer tests tests_taskcluster
 	$(BIN)/ruff format --check coalescer tests tests_taskcluster
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
-	@echo "[lowest] the suite again, every direct dependency at its lower bound ($(LOWEST))"
+
+# The suite at the bottom of the ranges. Not yet part of `make test`: see docs/development.md
+# for the tests that still fail there.
+test-lowest: $(TEST_STAMP) $(LOWEST_STAMP)
 	$(BIN)/python scripts/with_services.py $(LOWEST)/bin/pytest -q -p no:cacheprovider
 
 # requirements.txt (the hashed deploy lock) and constraints-lowest.txt, from pyproject.toml.

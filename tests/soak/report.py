@@ -93,8 +93,13 @@ def write(soak: Soak, started: float) -> int:
     print(json.dumps(summary, indent=2, default=str))
     for note in soak.notes:
         print(f"note: {note}")
+    by_invariant: dict[str, list[str]] = {}
     for v in soak.findings.violations:
-        print(f"VIOLATION [{v.invariant}] {v.detail}")
+        by_invariant.setdefault(v.invariant, []).append(v.detail)
+    for invariant, details in by_invariant.items():  # the first few of each; all in report.json
+        print(f"VIOLATED {len(details)} times: {invariant}")
+        for detail in details[:5]:
+            print(f"  - {detail[-800:]}")
     print(f"report: {out / 'report.html'}")
     return 1 if soak.findings.violations else 0
 

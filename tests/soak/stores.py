@@ -110,6 +110,18 @@ class Cluster:
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
         self._until(self._ok, 30, "the cluster to be ready")
+        self._until(self._synced, 30, "the replicas to sync")
+
+    def _synced(self) -> bool:
+        """Every replica's link to its master up (a replica never synced is not promoted)."""
+        for port in self.ports:
+            if port in self.frozen or not self._answers(port):
+                return False
+            with self._client(port) as client:
+                info = client.info("replication")
+            if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                return False
+        return True
 
     def _answers(self, port: int) -> bool:
         try:
@@ -216,11 +228,17 @@ class Cluster:
         started = time.monotonic()
         self.procs[port].kill()
         self.procs[port].wait(10)
-        self._until(lambda: len(self.masters()) == len(self.ports) // 2 and self._ok_without(port),
-                    30, "a replica's promotion")  # fmt: skip
-        promoted = time.monotonic() - started
-        self.procs[port] = subprocess.Popen(self._argv(port), stdout=subprocess.DEVNULL)
+        try:
+            self._until(
+                lambda: len(self.masters()) == len(self.ports) // 2 and self._ok_without(port),
+                30,
+                "a replica's promotion",
+            )
+            promoted = time.monotonic() - started
+        finally:  # back, promoted or not
+            self.procs[port] = subprocess.Popen(self._argv(port), stdout=subprocess.DEVNULL)
         self._until(self._ok, 30, "the killed master to rejoin")
+        self._until(self._synced, 30, "the rejoined node to sync")
         return f"master {port} killed, replica promoted in {promoted:.1f} s, rejoined"
 
     def _ok_without(self, port: int) -> bool:

@@ -133,6 +133,7 @@ def _html(soak: Soak, summary: dict[str, Any], body: dict[str, Any]) -> str:
         + "".join(bars + labels)
         + "</svg>"
     )
+    memory = _memory_chart(soak, span, width)
     rows = "".join(
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
         for k, v in summary.items()
@@ -155,6 +156,31 @@ def _html(soak: Soak, summary: dict[str, Any], body: dict[str, Any]) -> str:
         "vertical-align:top}pre{white-space:pre-wrap;margin:0}</style>"
         f"<h1>Chaos soak: {summary['violations']} violations</h1>"
         f"<h2>Faults over time (blue: ingest bursts)</h2>{chart}"
+        f"<h2>Resident memory (MiB; a line per process life)</h2>{memory}"
         f"<h2>Figures</h2><table>{rows}</table><h2>Violations</h2><ul>{violations}</ul>"
         f"<h2>Timeline (s from start)</h2><table>{timeline}</table>"
     )
+
+
+def _memory_chart(soak: Soak, span: float, width: int, height: int = 160) -> str:
+    lives: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    for t, name, pid, rss in soak.samples:
+        if rss:
+            lives.setdefault((name, pid), []).append((t - soak.t0, rss))
+    top = max((rss for life in lives.values() for _, rss in life), default=1) * 1.1
+    colours = {"serve": "#c33", "listen-1": "#36c", "listen-2": "#39c", "enforce-1": "#393"}
+    lines = []
+    for (name, _), life in lives.items():
+        points = " ".join(
+            f"{t / span * width:.1f},{height - rss / top * height:.1f}" for t, rss in life
+        )
+        lines.append(
+            f'<polyline points="{points}" fill="none" stroke="{colours.get(name, "#666")}">'
+            f"<title>{html.escape(name)}</title></polyline>"
+        )
+    legend = "".join(
+        f'<text x="{width + 6}" y="{12 + i * 14}" font-size="11" fill="{c}">{html.escape(n)}</text>'
+        for i, (n, c) in enumerate(colours.items())
+    )
+    scale = f'<text x="0" y="10" font-size="10">{top / 2**20:.0f}</text>'
+    return f'<svg width="{width + 160}" height="{height}">{"".join(lines)}{legend}{scale}</svg>'

@@ -18,9 +18,15 @@ from urllib.parse import unquote, urlparse
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import AskError, MovedError, RedisClusterException, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from coalescer.store.pipelined import PipelinedClient, ReplyError
+
+#: How many times one pipeline follows a changed slot map (a failover, a moved slot) before it
+#: gives up: the store then reports Redis unavailable, and its callers retry.
+REROUTES = 3
 
 
 class NodeClients:
@@ -67,26 +73,66 @@ class ClusterPipeline:
         return queue
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """Run the queued commands, each on the node that owns its slot. A node that answers
+        ``MOVED``/``ASK``, or cannot be reached, means the slot map is stale (a failover, a
+        slot moved): the map is read anew and those commands are sent again, up to
+        :data:`REROUTES` times. Sending again is safe for the store's writes (every script is
+        idempotent under its versions)."""
         await self._cluster.initialize()
+        results: list[Any] = [None] * len(self._calls)
+        todo = list(range(len(self._calls)))
+        for attempt in range(REROUTES + 1):
+            stale, unreachable = await self._send(todo, results)
+            if not stale and unreachable is None:
+                break
+            if attempt == REROUTES:
+                if unreachable is not None:
+                    raise unreachable
+                break
+            await self._cluster.nodes_manager.initialize()
+            todo = stale
+        if raise_on_error:
+            for reply in results:
+                if isinstance(reply, Exception):
+                    raise reply
+        return results
+
+    async def _send(
+        self, todo: list[int], results: list[Any]
+    ) -> tuple[list[int], RedisError | OSError | None]:
+        """Send the commands ``todo`` (one pipeline per node, every node at once) and put their
+        replies in ``results``. Returns the commands to send again (redirected, or on a node
+        that could not be reached) and the last error that made a node unreachable."""
         by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
-        for i, (name, args, _) in enumerate(self._calls):
+        for i in todo:
+            name, args, _ = self._calls[i]
             key = args[2] if name in ("evalsha", "eval") else args[0]
             node = self._cluster.get_node_from_key(key.decode() if isinstance(key, bytes) else key)
             assert node is not None
             by_node.setdefault(node.name, (node, []))[1].append(i)
 
-        async def run(node: ClusterNode, indexes: list[int]) -> tuple[list[int], list[Any]]:
+        async def run(node: ClusterNode, indexes: list[int]) -> tuple[list[int], Any]:
             pipe = self._nodes.get(node).pipeline(transaction=False)
             for i in indexes:
                 name, args, kwargs = self._calls[i]
                 getattr(pipe, name)(*args, **kwargs)
-            return indexes, await pipe.execute(raise_on_error=raise_on_error)
+            try:
+                return indexes, await pipe.execute(raise_on_error=False)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                return indexes, exc
 
-        results: list[Any] = [None] * len(self._calls)
+        stale: list[int] = []
+        unreachable: RedisError | OSError | None = None
         for indexes, replies in await asyncio.gather(*(run(n, ix) for n, ix in by_node.values())):
+            if isinstance(replies, (RedisError, OSError)):
+                stale += indexes
+                unreachable = replies
+                continue
             for i, reply in zip(indexes, replies, strict=True):
                 results[i] = reply
-        return results
+                if isinstance(reply, (MovedError, AskError)):
+                    stale.append(i)
+        return sorted(stale), unreachable
 
 
 class ClusterRouter:

@@ -78,6 +78,10 @@ CONDITIONS = {
     "NOAUTH": "no-auth",
     "WRONGPASS": "no-auth",
     "NOPERM": "no-permission",
+    # A Cluster slot that moved (a failover): the pipelines follow it, and a command still
+    # redirected after that waits for a retry, as a store that is unavailable for a moment.
+    "MOVED": "moved",
+    "ASK": "moved",
 }
 #: redis-py's classes for some of them (it strips the code from their message).
 _CONDITION_CLASSES: tuple[tuple[type[Exception], str], ...] = (
@@ -89,6 +93,8 @@ _CONDITION_CLASSES: tuple[tuple[type[Exception], str], ...] = (
     (redis.exceptions.MasterDownError, "master-down"),
     (redis.exceptions.NoScriptError, "no-script"),
     (redis.exceptions.NoPermissionError, "no-permission"),
+    (redis.exceptions.MovedError, "moved"),
+    (redis.exceptions.AskError, "moved"),
     (redis.exceptions.AuthenticationError, "no-auth"),
     (redis.exceptions.TimeoutError, "timeout"),
     (redis.exceptions.ConnectionError, "unreachable"),

@@ -15,6 +15,7 @@ from coalescer.logs import Throttled
 from coalescer.model import format_time_ms
 from coalescer.store import IndexState
 from coalescer.store.census import Limits
+from coalescer.store.pipelined import ReplyError
 from coalescer.store.redis import condition, store_error
 
 
@@ -55,6 +56,10 @@ from coalescer.store.redis import condition, store_error
             "full",
         ),
         (redis.exceptions.ResponseError("NOPERM this user has no permissions"), "no-permission"),
+        # A slot moved (a Cluster failover): redis-py strips the code from MovedError's text.
+        (redis.exceptions.MovedError("8579 127.0.0.1:41628"), "moved"),
+        (redis.exceptions.AskError("8579 127.0.0.1:41628"), "moved"),
+        (ReplyError("MOVED 8579 127.0.0.1:41628"), "moved"),
     ],
 )
 def test_the_server_s_condition_is_never_the_command_s_fault(exc: Exception, reason: str) -> None:

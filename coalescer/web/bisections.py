@@ -20,8 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jsonschema
-import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from coalescer import keyset, model
@@ -29,8 +28,8 @@ from coalescer.errors import InvalidInput
 from coalescer.observe import bisection_recorded
 from coalescer.store import Store, bisections
 from coalescer.store import keyset as stored
-from coalescer.web.ingest import CLIENT_CLOSED, BodyTooLarge, check_token, read_body
-from coalescer.web.responses import JSON, error
+from coalescer.web.ingest import check_token, json_body
+from coalescer.web.responses import JSON
 from coalescer.web.shapes import INSTANT
 
 #: Bounds on a reported finding: a search over at most :data:`MAX_HELD` held tasks makes a few
@@ -201,17 +200,9 @@ async def post_bisection(request: Request) -> Response:
     stored, and whether it is ``new`` (a retry of the same finding is recorded and counted
     once)."""
     check_token(request)
-    limit = min(MAX_BODY_BYTES, request.app.state.settings.max_body_bytes)
-    try:
-        body = await read_body(request, limit)
-    except BodyTooLarge:
-        return error(413, f"request body larger than {limit} bytes")
-    except ClientDisconnect:
-        return Response(status_code=CLIENT_CLOSED)
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"body is not JSON: {exc}") from exc
+    doc = await json_body(request, min(MAX_BODY_BYTES, request.app.state.settings.max_body_bytes))
+    if isinstance(doc, Response):
+        return doc
     finding = check(doc)
     store: Store = request.app.state.store
     new = await bisections.record(store, finding, model.parse_time_ms(finding["located"]))

@@ -97,20 +97,28 @@ class BodyTooLarge(Exception):
         self.limit = limit
 
 
-async def post_events(request: Request) -> Response:
-    check_token(request)
-    settings = request.app.state.settings
+async def json_body(request: Request, limit: int) -> Any:
+    """The request's JSON body, at most ``limit`` bytes, or the :class:`Response` that ends the
+    request instead: 413 for a larger body, nothing for a client that went away mid-body
+    (nothing is applied, and nobody reads an answer). InvalidInput when it is not JSON."""
     try:
-        body = await read_body(request, settings.max_body_bytes)
+        body = await read_body(request, limit)
     except BodyTooLarge as exc:
         return error(413, f"request body larger than {exc.limit} bytes")
     except ClientDisconnect:
-        # The client went away mid-body: nothing is applied, and nobody reads an answer.
         return Response(status_code=CLIENT_CLOSED)
     try:
-        doc = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"body is not JSON: {exc}") from exc
+
+
+async def post_events(request: Request) -> Response:
+    check_token(request)
+    settings = request.app.state.settings
+    doc = await json_body(request, settings.max_body_bytes)
+    if isinstance(doc, Response):
+        return doc
     if not isinstance(doc, dict | list):
         raise InvalidInput("the body must be a message object or a list of them")
     docs: list[Any] = doc if isinstance(doc, list) else [doc]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
@@ -155,8 +156,14 @@ class Store:
         self.grace_ms = grace_ms
         self.embedded = embedded
         self.query_timeout = query_timeout
-        self._sha: dict[str, str] = {}
         self._source = {name: _script(name, embedded) for name in _SCRIPTS}
+        # A script's SHA1 is fixed by its text: known from the start, so that a coroutine never
+        # finds a name missing while another reloads the scripts (after a restart or a failover
+        # to a node that lacks them); only whether Redis holds them changes.
+        self._sha = {
+            name: hashlib.sha1(source.encode()).hexdigest() for name, source in self._source.items()
+        }
+        self._loaded = False
         #: How large the index is, as this process last saw it, and what it refused.
         self.census = Census()
 
@@ -164,6 +171,7 @@ class Store:
     async def load_scripts(self) -> None:
         for name, source in self._source.items():
             self._sha[name] = await self._guard(self.client.script_load(source))
+        self._loaded = True
 
     async def _guard(self, call: Awaitable[T]) -> T:
         try:
@@ -178,7 +186,7 @@ class Store:
         lost them (restart, ``SCRIPT FLUSH``). With ``raise_on_error`` false, a command's
         error is its reply (redis-py's exception), for the caller to sort out."""
         for attempt in (1, 2):
-            if not self._sha:
+            if not self._loaded:
                 await self.load_scripts()
             pipe: Any = (
                 self.client.pipeline(transaction=False)
@@ -191,10 +199,10 @@ class Store:
             except StoreUnavailable as exc:
                 if exc.reason != "no-script" or attempt == 2:
                     raise
-                self._sha.clear()
+                self._loaded = False
                 continue
             if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-                self._sha.clear()  # every script call is idempotent: run the whole lot again
+                self._loaded = False  # every script call is idempotent: run the whole lot again
                 continue
             return replies
         raise AssertionError("unreachable")
@@ -455,13 +463,13 @@ class Store:
         if self.writer is None:
             return await self._pipeline(fill, raise_on_error=False)
         for attempt in (1, 2):
-            if not self._sha:
+            if not self._loaded:
                 await self.load_scripts()
             batch = _Commands()
             fill(batch)
             replies = await self.writer.execute_many(batch.commands)
             if attempt == 1 and any(isinstance(r, NoScript) for r in replies):
-                self._sha.clear()
+                self._loaded = False
                 continue
             return replies
         raise AssertionError("unreachable")
@@ -473,7 +481,7 @@ class Store:
         batch of answers a second), else through redis-py. Commands Redis refused on the lean
         connection (a lost script, a full Redis) go again through redis-py, which reloads
         scripts and maps errors; the others are not repeated."""
-        if self.writer is None or not self._sha:
+        if self.writer is None or not self._loaded:
             await self._pipeline(fill)
             return
         batch = _Commands()
@@ -498,7 +506,7 @@ class Store:
         costs Redis a tenth of the read). The future fails with
         :class:`StoreUnavailable`, :class:`NoScript` or :class:`ReplyError`; the lean
         connection's watchdog fails it when Redis is later than the query timeout."""
-        if self.fast is None or not self._sha:
+        if self.fast is None or not self._loaded:
             return None
         t, p, w, d, _ = keys.group(key)
         try:

@@ -76,7 +76,7 @@ async def apply_and_ask(
         for k, indexes in apply_calls(by_key(events))
     ]
     t, p, w, d, _ = keys.group(key)
-    if isinstance(store.fast, PipelinedClient) and store._sha:
+    if isinstance(store.fast, PipelinedClient) and store._loaded:
         # Commands on one connection run in the order sent: the applies before the read.
         try:
             sha = store._sha["apply"]

@@ -183,7 +183,7 @@ class Settings:
                 else None
             ),
             taskcluster_root_url=(get("TASKCLUSTER_ROOT_URL") or "").rstrip("/") or None,
-            public_url=(get("COALESCER_PUBLIC_URL") or "").rstrip("/") or None,
+            public_url=_http_url("COALESCER_PUBLIC_URL", get("COALESCER_PUBLIC_URL")),
             learn_unknown=flag("COALESCER_LEARN_UNKNOWN", cls.learn_unknown),
             learn_timeout=seconds("COALESCER_LEARN_TIMEOUT", cls.learn_timeout),
             query_timeout=seconds("COALESCER_QUERY_TIMEOUT", cls.query_timeout),
@@ -236,6 +236,17 @@ def redis_url(url: str | None, name: str = "REDIS_URL") -> str | None:
     if not ok:
         raise ConfigError(f"{name} must be {REDIS_URL_FORM}, not {redact_url(url)!r}")
     return url
+
+
+def _http_url(name: str, url: str | None) -> str | None:
+    """An ``http(s)://host...`` setting without its trailing slash, refused with a clear
+    message otherwise (it becomes links people click)."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name} must be an http:// or https:// URL with a host, not {url!r}")
+    return url.rstrip("/")
 
 
 def _redis_url(url: str | None, *, verify: bool) -> str | None:

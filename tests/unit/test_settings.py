@@ -103,3 +103,11 @@ def test_an_amqps_url_naming_a_readable_ca_file_is_taken(tmp_path: Path) -> None
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     url = f"amqps://u:pw@h/?cafile={ca}"
     assert Settings.from_environ({"PULSE_URL": url}).pulse_url is not None
+
+
+@pytest.mark.parametrize("url", ["coalescer.example.com", "ftp://x", "http://", "/tasks"])
+def test_a_public_url_that_is_no_http_url_is_refused(url: str) -> None:
+    with pytest.raises(ConfigError, match="COALESCER_PUBLIC_URL must be an http"):
+        Settings.from_environ({"COALESCER_PUBLIC_URL": url})
+    good = Settings.from_environ({"COALESCER_PUBLIC_URL": "https://svc.example/base/"})
+    assert good.public_url == "https://svc.example/base"

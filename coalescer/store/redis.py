@@ -251,6 +251,10 @@ class Store:
         if self.nodes is not None:
             await self.nodes.close()
         await self.client.aclose()
+        if self.embedded:
+            # The embedded client is given its pool (fakeredis makes it), and a client closes
+            # only a pool it made itself (redis-py below 5.1 included): close it here.
+            await self.client.connection_pool.disconnect()
 
     # -- writes -----------------------------------------------------------------------------
     async def apply(

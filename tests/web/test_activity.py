@@ -150,3 +150,42 @@ async def test_every_task_id_links_to_the_taskcluster_ui_when_a_root_url_is_know
     assert f'href="https://tc.example.com/tasks/{b}"' in answers
     page = (await client.get(f"/tasks/{a}", headers=HTML)).text
     assert f'href="https://tc.example.com/tasks/{c}"' in page
+
+
+def tile(page: str, label: str) -> int:
+    found = re.search(rf'<div class="stat"><b>([\d,]+)</b><span>{label}</span></div>', page)
+    assert found, f"no {label!r} tile"
+    return int(found[1].replace(",", ""))
+
+
+def latest_sample(page: str) -> int:
+    found = re.search(r"Pending tasks <span>· latest sample ([\d,]+)", page)
+    assert found, "no pending chart with a sample"
+    return int(found[1].replace(",", ""))
+
+
+async def test_the_pending_tiles_and_charts_agree_once_counted_and_say_which_is_which(
+    client: httpx.AsyncClient, app: Starlette, store: Store
+) -> None:
+    retention = app.state.settings.retention
+    k_tasks, j_tasks = ids(3), ids(2)
+    await post(client, *(make_message(t, routes=ROUTE) for t in k_tasks))
+    await post(client, *(make_message(t, routes=("coalesce.v1.j",)) for t in j_tasks))
+    await upkeep.count(store, retention=retention)
+
+    overview = (await client.get("/", headers=HTML)).text
+    assert tile(overview, "pending tasks") == latest_sample(overview) == 5
+    key = (await client.get("/k", headers=HTML)).text
+    assert tile(key, "pending now") == latest_sample(key) == 3
+
+    # Two of k's tasks resolve: the key's tile counts now, its chart keeps the last sample,
+    # each labelled as what it is, until the next count brings them together again.
+    done = [make_message(t, "completed", routes=ROUTE) for t in k_tasks[:2]]
+    await post(client, *done)
+    key = (await client.get("/k", headers=HTML)).text
+    assert (tile(key, "pending now"), latest_sample(key)) == (1, 3)
+    await upkeep.count(store, retention=retention)
+    overview = (await client.get("/", headers=HTML)).text
+    assert tile(overview, "pending tasks") == latest_sample(overview) == 3
+    key = (await client.get("/k", headers=HTML)).text
+    assert tile(key, "pending now") == latest_sample(key) == 1

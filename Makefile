@@ -74,6 +74,10 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/scale.py
 	@# Ingest: one `coalescer listen` draining a Pulse backlog, and POST /v1/events in bodies of 1,000.
 	$(BIN)/python scripts/with_services.py $(BIN)/python bench/ingest.py
+	@# One library per job (docs/architecture.md): pika against aio-pika and aiormq consuming
+	@# and acking the same backlog; the worker shim's per-claim GET through httpx and aiohttp.
+	$(BIN)/python scripts/with_services.py $(BIN)/python bench/amqp_clients.py
+	$(BIN)/python bench/http_clients.py
 
 # The chaos soak: the real processes under random store, broker and process faults for
 # SOAK_DURATION seconds on SOAK_STORE (redis: one Redis; cluster: 3 masters with replicas), then

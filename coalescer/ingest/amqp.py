@@ -3,7 +3,8 @@
 pika decodes each socket read frame after frame and calls back synchronously per delivery: no
 task, queue hop or message object per frame. That is what lets one process take Pulse's
 thousands of messages a second (aio-pika and aiormq, which :mod:`~coalescer.ingest.topology`
-uses to declare, spend several times more per delivery). A :class:`Session` never reconnects:
+uses to declare, spend three to four times the CPU per delivery: ``bench/amqp_clients.py``, and
+docs/architecture.md's "One library per job"). A :class:`Session` never reconnects:
 when it closes, :attr:`Session.closed` says why, and the consumer opens a new one.
 
 Whatever fails while writing to a connection ends its session, whatever the error: a dying

@@ -73,6 +73,8 @@ class QueueActions(Protocol):
 
     async def renew(self, victim: str) -> Result: ...
 
+    async def rerun(self, task_id: str, after_run: int) -> Result: ...
+
 
 def definition_json(task: Mapping[str, Any]) -> str:
     data = orjson.dumps(task)
@@ -233,6 +235,28 @@ class Actions:
             if isinstance(got, Claim):
                 await self._release(got)
         return Result("released")
+
+    async def rerun(self, task_id: str, after_run: int) -> Result:
+        """Run a resolved task again (``rerunTask``), to confirm the failure of its run
+        ``after_run`` (a bisection's): ``rerun`` once it has a newer run, whoever made it (a
+        repeat calls nothing: idempotent), ``refused`` when the credentials lack the scope
+        (``queue:rerun-task:<schedulerId>/<taskGroupId>/<taskId>``: 401, 403), ``gone`` when
+        the queue will not (409: past its deadline, or out of runs)."""
+        run = await self._latest(task_id)
+        if run is None:
+            return Result("gone")
+        if int(run["runId"]) > after_run or run["state"] not in RESOLVED:
+            return Result("rerun")
+        try:
+            await self.queue.rerunTask(task_id)
+        except TaskclusterFailure as exc:
+            status = http_status(exc)
+            if status not in (401, 403, 409):
+                raise
+            log.debug("rerunTask %s: HTTP %s: %s", task_id, status, exc)
+            return Result("gone" if status == 409 else "refused")
+        log.info("%s runs again, to confirm the failure of its run %d", task_id, after_run)
+        return Result("rerun")
 
     async def cancel(self, entry: Entry, run: Mapping[str, Any] | None = None) -> Result:
         """Cancel a running victim, unless it has run longer than the rule protects. Its worker

@@ -6,10 +6,13 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
 (``co:{K}:bs``, JSON)::
 
     {"primary", "primaryRun", "rule", "cascade", "protect", "supersedeRunning",
-     "ended": ms, "longest": ms (the longest run seen, the primary's first),
+     "confirm": reruns confirming a failure (bisect-confirm; 0 when absent),
+     "deadline": ms (the primary's), "ended": ms,
+     "longest": ms (the longest run seen, the primary's first),
      "victims": [[taskId, heldRunId, deadline_ms], ...]   (oldest first),
-     "results": [{"i", "run", "passed": true | false | null (dropped), "ended": ms}, ...],
-     "probe": {"i", "run", "since": ms} | null}
+     "results": [{"i", "run", "attempt", "passed": true | false | null (dropped), "ended": ms,
+                  "trusted": true (a failure not confirmed: no scope to rerun; optional)}, ...],
+     "probe": {"i", "run", "since", "attempt"} | null}
 
 The search is the record replayed into a :class:`~coalescer.bisection.Bisection`. Each step of
 :meth:`Searcher.carry_on` reads it, decides one thing and writes the new record with the
@@ -17,16 +20,25 @@ victims' lineage changes in one compare-and-set (``settle.lua``'s ``search`` mod
 call follows, and is repeated harmlessly until its effect is seen. So an event seen twice, a
 step taken twice, or an enforcer that dies between two steps changes nothing or resumes.
 
-* A probe: the middle victim is released (``reportException worker-shutdown``: a new pending
-  run, which a worker runs) and becomes ``probing``; its lineage hides it from decisions, so it
-  is not superseded again. Its result is the index's record of a newer run: ``completed``
-  passes, ``failed`` fails, ``exception`` (or its deadline passed) drops it from the search.
-* The enforcer trusts failures (``bisect-confirm`` is treated as 0): a failed run is resolved
-  and only the deprecated ``rerunTask`` could run it again.
+* A probe (``attempt`` 0): the middle victim is released (``reportException worker-shutdown``:
+  a new pending run, which a worker runs) and becomes ``probing``; its lineage hides it from
+  decisions, so it is not superseded again. Its result is the index's record of a newer run:
+  ``completed`` passes, ``failed`` fails, ``exception`` (or its deadline passed) drops it from
+  the search.
+* A confirmation (``attempt`` k > 0, ``bisect-confirm`` >= k): a failure the search would
+  narrow on (the primary's, a probe's) is run again (``rerunTask``, a new run of the resolved
+  task) before it is believed; its result is the index's record of a run newer than the failed
+  one, as a probe's. ``failed`` again: the failure stands; ``completed``: it was intermittent,
+  the push is good. The primary stays hidden from decisions while its search is under way
+  (``decide.lua``), and a victim stays ``probing`` until its failure is confirmed. Without the
+  scope to rerun (401, 403) the failure is trusted (a ``trusted`` result, no run), said once
+  in the log; a task the queue will not rerun (409), or whose deadline comes within the margin
+  below, is taken out of the search.
 * A victim whose deadline comes within twice the longest run seen is released to run itself.
 * At the end every victim that did not run is superseded by the run whose result stands for it
   (outbox ``supersede`` entries, carried out as any other), those nothing stands for are
-  released, and the finding is recorded (:func:`coalescer.store.bisections.record`).
+  released, and the finding is recorded (:func:`coalescer.store.bisections.record`), its
+  intermittent failures included.
 """
 
 from __future__ import annotations
@@ -54,14 +66,39 @@ BY = "coalescer enforce"
 
 
 def replay(doc: Mapping[str, Any]) -> Bisection:
-    """The search as its record says it stands (bisect-confirm 0)."""
-    search = Bisection.start(len(doc["victims"]), 0, _when(doc["ended"]))
+    """The search as its record says it stands."""
+    confirm = int(doc.get("confirm", 0))
+    search = Bisection.start(len(doc["victims"]), confirm, _when(doc["ended"]))
     for result in doc["results"]:
         if result["passed"] is None:
             search.drop(result["i"])
         else:
             search.record(result["i"], result["passed"], _when(result["ended"]))
     return search
+
+
+def _task(doc: Mapping[str, Any], i: int) -> str:
+    """Push ``i``'s taskId (the primary is push ``n``)."""
+    victims = doc["victims"]
+    return str(doc["primary"] if i == len(victims) else victims[i][0])
+
+
+def _deadline(doc: Mapping[str, Any], i: int) -> int | None:
+    """Push ``i``'s deadline (ms); None when the record does not say (an older one)."""
+    victims = doc["victims"]
+    if i < len(victims):
+        return int(victims[i][2])
+    return None if doc.get("deadline") is None else int(doc["deadline"])
+
+
+def _last_run(doc: Mapping[str, Any], i: int) -> int:
+    """Push ``i``'s latest run the search knows of: its last result's, or the one held (the
+    primary's failed one)."""
+    for result in reversed(doc["results"]):
+        if result["i"] == i:
+            return int(result["run"])
+    victims = doc["victims"]
+    return int(doc["primaryRun"] if i == len(victims) else victims[i][1])
 
 
 def _when(ms: int) -> datetime:
@@ -79,6 +116,8 @@ class Searcher:
         self.store = store
         self.actions = actions
         self.now_ms = now_ms
+        #: Whether the queue refused a rerun for lack of scope (said once in the log).
+        self.refused = False
 
     async def carry_on(self, key: str, primary: str) -> int:
         """Take every step of ``primary``'s search that can be taken now; how many."""
@@ -133,8 +172,10 @@ class Searcher:
         probe = search.next()
         if probe is None:
             return await self._conclude(key, primary, raw, doc, search)
+        if probe.attempt:
+            return await self._confirm(key, primary, raw, doc, probe.index, probe.attempt, now)
         victim, run, _ = doc["victims"][probe.index]
-        doc["probe"] = {"i": probe.index, "run": run, "since": now}
+        doc["probe"] = {"i": probe.index, "run": run, "since": now, "attempt": 0}
         move = outbox.Move(victim, "bisecting", "probing")
         if not await self._write(key, primary, raw, doc, [move]):
             return True  # taken meanwhile: look again
@@ -148,45 +189,155 @@ class Searcher:
         )
         return True
 
+    async def _confirm(
+        self, key: str, primary: str, raw: str, doc: dict[str, Any], i: int, attempt: int, now: int
+    ) -> bool:
+        """Push ``i`` failed: run it again (``rerunTask``) before the search narrows on it,
+        unless its deadline comes within the margin (then it is out of the search)."""
+        task_id, run = _task(doc, i), _last_run(doc, i)
+        deadline = _deadline(doc, i)
+        if deadline is not None and deadline <= now + 2 * int(doc["longest"]):
+            log.warning(
+                "bisection after %s: %s's failure is not confirmed, its deadline comes first: "
+                "it is out of the search",
+                primary,
+                task_id,
+            )
+            return await self._result(key, primary, raw, doc, i, run, attempt, None, now)
+        doc["probe"] = {"i": i, "run": run, "since": now, "attempt": attempt}
+        if not await self._write(key, primary, raw, doc, []):
+            return True  # taken meanwhile: look again
+        log.info(
+            "bisection after %s: %s runs again to confirm the failure of its run %d "
+            "(confirmation %d)",
+            primary,
+            task_id,
+            run,
+            attempt,
+            extra={"task_id": task_id},
+        )
+        taken = await self._rerun(key, primary, _dump(doc), doc, now)
+        return True if taken is None else taken
+
+    async def _rerun(
+        self, key: str, primary: str, raw: str, doc: dict[str, Any], now: int
+    ) -> bool | None:
+        """Ask the queue for the rerun the probe (a confirmation) awaits: None once it is
+        there (asked for now, or before); else the step taken in its place, the failure
+        trusted (no scope to rerun) or the push out of the search (the queue refuses)."""
+        probe = doc["probe"]
+        i, run, attempt = int(probe["i"]), int(probe["run"]), int(probe["attempt"])
+        task_id = _task(doc, i)
+        done = await self.actions.rerun(task_id, run)
+        if done.state == "rerun":
+            return None
+        if done.state == "refused":
+            if not self.refused:
+                self.refused = True
+                log.warning(
+                    "bisection after %s: the queue refused to rerun %s (the enforcer's "
+                    "credentials need queue:rerun-task:<schedulerId>/<taskGroupId>/<taskId>): "
+                    "failures are trusted unconfirmed, as with bisect-confirm 0; said once",
+                    primary,
+                    task_id,
+                )
+            return await self._result(key, primary, raw, doc, i, run, attempt, False, now, True)
+        log.warning(
+            "bisection after %s: the queue will not rerun %s (past its deadline, or out of "
+            "runs): it is out of the search",
+            primary,
+            task_id,
+        )
+        return await self._result(key, primary, raw, doc, i, run, attempt, None, now)
+
     async def _await_probe(
         self, key: str, primary: str, raw: str, doc: dict[str, Any], now: int
     ) -> bool:
-        i, run = doc["probe"]["i"], doc["probe"]["run"]
-        victim, _, deadline = doc["victims"][i]
-        record = (await self.store.known(key, [victim])).get(victim)
+        probe = doc["probe"]
+        i, run, attempt = int(probe["i"]), int(probe["run"]), int(probe.get("attempt", 0))
+        task_id, deadline = _task(doc, i), _deadline(doc, i)
+        record = (await self.store.known(key, [task_id])).get(task_id)
         passed: bool | None
-        if record is None or now > deadline:
+        if record is None or (deadline is not None and now > deadline):
             passed = None  # forgotten, or past its deadline: no verdict
         elif record.run_id > run and record.state in ("completed", "failed"):
             passed = record.state == "completed"
+        elif attempt:
+            # A confirmation: its run is newer than the failed one.
+            if record.run_id > run and record.state == "exception":
+                passed = None  # no verdict on the code
+            elif record.run_id > run:
+                return False  # pending or running
+            else:
+                # Not rerun yet, as far as the index knows: ask (nothing twice, the queue's
+                # status says whether it was).
+                taken = await self._rerun(key, primary, raw, doc, now)
+                return False if taken is None else taken
         elif record.state == "exception" and (
             record.run_id > run or record.reason != "worker-shutdown"
         ):
             passed = None  # ended in an exception: no verdict on the code
         else:
             # Not over yet. Repeat the release: it does nothing once the run was given back.
-            await self.actions.release(self._entry(key, doc, victim, run))
+            await self.actions.release(self._entry(key, doc, task_id, run))
             return False
         ran = record.run_id if record is not None else run
-        doc["results"].append({"i": i, "run": ran, "passed": passed, "ended": now})
-        doc["longest"] = max(int(doc["longest"]), now - int(doc["probe"]["since"]))
+        return await self._result(key, primary, raw, doc, i, ran, attempt, passed, now)
+
+    async def _result(
+        self,
+        key: str,
+        primary: str,
+        raw: str,
+        doc: dict[str, Any],
+        i: int,
+        run: int,
+        attempt: int,
+        passed: bool | None,
+        now: int,
+        trusted: bool = False,
+    ) -> bool:
+        """Record push ``i``'s result (run ``run``, attempt ``attempt``; ``passed`` None: out of
+        the search); a victim that has its verdict, or is out, has ``ran``."""
+        result: dict[str, Any] = {"i": i, "run": run, "attempt": attempt, "passed": passed}
+        result["ended"] = now
+        if trusted:
+            result["trusted"] = True
+        doc["results"].append(result)
+        if doc["probe"] is not None:
+            doc["longest"] = max(int(doc["longest"]), now - int(doc["probe"]["since"]))
         doc["probe"] = None
-        return await self._write(key, primary, raw, doc, [outbox.Move(victim, "probing", "ran")])
+        moves = []
+        if i < len(doc["victims"]):
+            after = replay(doc)
+            if i in after.verdicts or i in after.dropped:
+                moves.append(outbox.Move(doc["victims"][i][0], "probing", "ran"))
+        return await self._write(key, primary, raw, doc, moves)
 
     async def _conclude(
         self, key: str, primary: str, raw: str, doc: dict[str, Any], search: Bisection
     ) -> bool:
         victims = doc["victims"]
         n = len(victims)
-        runs = {r["i"]: r["run"] for r in doc["results"] if r["passed"] is not None}
+        results = doc["results"]
+        # The run whose result is each push's verdict (its last); the rest, the held one.
+        verdict_runs = {r["i"]: r["run"] for r in results if r["passed"] is not None}
 
-        def ref(i: int) -> dict[str, Any]:
+        def ref(i: int, run: int | None = None) -> dict[str, Any]:
+            if run is None:
+                held = doc["primaryRun"] if i == n else victims[i][1]
+                run = verdict_runs.get(i, held)
+            return {"taskId": _task(doc, i), "runId": run}
+
+        def failed_first(i: int) -> int:
+            """The run of push ``i`` whose failure a confirmation did not reproduce."""
             if i == n:
-                return {"taskId": primary, "runId": doc["primaryRun"]}
-            return {"taskId": victims[i][0], "runId": runs[i]}
+                return int(doc["primaryRun"])
+            return next(int(r["run"]) for r in results if r["i"] == i and not r.get("attempt"))
 
         stood = stand_ins(search)
         culprit, good = search.culprit, search.last_good
+        intermittent_primary = search.verdicts.get(n) is True
         moves: list[outbox.Move] = []
         stands_for: list[dict[str, Any]] = []
         for i, (victim, run, _) in enumerate(victims):
@@ -194,11 +345,14 @@ class Searcher:
                 continue
             if i in stood:
                 by = ref(stood[i])
-                role = (
-                    "the culprit (the first failing push)"
-                    if stood[i] == culprit
-                    else ("the last good push" if stood[i] == good else "the failed primary")
-                )
+                if stood[i] == culprit:
+                    role = "the culprit (the first failing push)"
+                elif stood[i] == good:
+                    role = "the last good push"
+                elif stood[i] == n and intermittent_primary:
+                    role = "the primary, whose failure did not come back when it ran again"
+                else:
+                    role = "the failed primary"
                 why = f"bisection after {primary} failed: {by['taskId']} is {role}"
                 moves.append(
                     outbox.Move(
@@ -218,27 +372,30 @@ class Searcher:
                 moves.append(
                     outbox.Move(victim, "bisecting", "settling", "release", reason=why, emit=True)
                 )
-        ended = [r["ended"] for r in doc["results"]]
+        ran = [r for r in results if r["passed"] is not None and not r.get("trusted")]
+        ended = [r["ended"] for r in results]
         located = max(ended, default=int(doc["ended"]))
+        first = {"attempt": 0, "passed": False, "ended": format_time_ms(int(doc["ended"]))}
         finding: dict[str, Any] = {
             "key": key,
             "by": BY,
-            "primary": ref(n),
+            "primary": ref(n, int(doc["primaryRun"])),
             "held": n,
             "culprit": None if culprit is None else ref(culprit),
             "lastGood": None if good is None else ref(good),
-            "runs": [
-                ref(n) | {"attempt": 0, "passed": False, "ended": format_time_ms(int(doc["ended"]))}
-            ]
+            "runs": [ref(n, int(doc["primaryRun"])) | first]
             + [
-                ref(r["i"])
-                | {"attempt": 0, "passed": r["passed"], "ended": format_time_ms(r["ended"])}
-                for r in doc["results"]
-                if r["passed"] is not None
+                ref(r["i"], r["run"])
+                | {
+                    "attempt": r.get("attempt", 0),
+                    "passed": r["passed"],
+                    "ended": format_time_ms(r["ended"]),
+                }
+                for r in ran
             ],
-            "intermittent": [],
+            "intermittent": [ref(i, failed_first(i)) for i in sorted(search.intermittent)],
             "standsFor": stands_for,
-            "extraRuns": len(runs),
+            "extraRuns": len(ran),
             "located": format_time_ms(located),
         }
         await bisections.record(self.store, finding, located)
@@ -248,14 +405,22 @@ class Searcher:
         if culprit is not None:
             log.info(
                 "culprit located: task %s run %d is the first failing of %d tasks held by %s; "
-                "last good %s; %d extra runs",
+                "last good %s; %d extra runs, %d intermittent",
                 finding["culprit"]["taskId"],
                 finding["culprit"]["runId"],
                 n,
                 primary,
-                "none" if good is None else f"task {victims[good][0]} run {runs[good]}",
-                len(runs),
+                "none" if good is None else f"task {victims[good][0]} run {verdict_runs[good]}",
+                len(ran),
+                len(search.intermittent),
                 extra={"task_id": finding["culprit"]["taskId"]},
+            )
+        elif intermittent_primary:
+            log.info(
+                "bisection after %s: its failure did not come back when it ran again; it "
+                "stands for the %d tasks it held",
+                primary,
+                n,
             )
         else:
             log.info("bisection after %s located no culprit (%d tasks held)", primary, n)

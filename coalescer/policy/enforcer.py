@@ -31,7 +31,7 @@ from taskcluster.exceptions import TaskclusterFailure
 from coalescer.errors import StoreUnavailable
 from coalescer.policy.actions import Actions, QueueActions, Result
 from coalescer.policy.bisecting import Searcher
-from coalescer.policy.rules import Policy, PrimaryFailure
+from coalescer.policy.rules import Policy
 from coalescer.store import Store
 from coalescer.store import lineage as records
 from coalescer.store import policy as outbox
@@ -136,14 +136,6 @@ class Enforcer:
         self._bound = asyncio.Semaphore(max(1, concurrency))
         self._next_tick = 0.0
         self.searcher = Searcher(store, actions, self._now_ms)
-        for rule in policy.rules if policy is not None else ():
-            if rule.on_primary_failure is PrimaryFailure.BISECT and rule.bisect_confirm:
-                log.warning(
-                    "rule %s: bisect-confirm %d is taken as 0 by the enforcer: a failed run "
-                    "is resolved, and the queue cannot run it again (rerunTask is deprecated)",
-                    rule.name,
-                    rule.bisect_confirm,
-                )
 
     def _now_ms(self) -> int:
         return int(self.clock().timestamp() * 1000)

@@ -105,6 +105,8 @@ class Rule:
             # bisect, its failure starts a search over them (coalescer.policy.bisecting).
             _HOLD[self.on_primary_failure],
             str(self.cascade),
+            # With bisect: reruns confirming each failure the search would narrow on.
+            self.bisect_confirm if self.on_primary_failure is PrimaryFailure.BISECT else 0,
         ]
 
 

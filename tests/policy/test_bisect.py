@@ -4,15 +4,20 @@ rest superseded by the run whose result stands for them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import orjson
 import pytest
+from taskcluster.exceptions import TaskclusterAuthFailure
 
+from coalescer.bisection import max_runs
 from coalescer.emulator.clock import format_time
+from coalescer.emulator.harness import QueueEmulator
 from coalescer.policy.actions import Result
 from coalescer.policy.rules import Policy
-from coalescer.store import bisections
+from coalescer.store import Store, bisections
 from coalescer.store import lineage as records
 from coalescer.store import policy as outbox
 from coalescer.store.policy import Entry
@@ -167,3 +172,195 @@ async def test_a_victim_whose_deadline_comes_first_is_released_to_run_itself(loo
     assert finding["culprit"] == {"taskId": victims[5], "runId": 1}
     assert victims[0] not in {s["taskId"] for s in finding["standsFor"]}
     assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
+
+
+# -- bisect-confirm: a failure the search would narrow on is run again (rerunTask) first -------
+Fails = Callable[[int, int], bool]
+
+
+def confirming(queue_emulator: QueueEmulator, store: Store, confirm: int = 1) -> Loop:
+    policy = rule("k", strategy="latest-wins", on_primary_failure="bisect", bisect_confirm=confirm)
+    return Loop(queue_emulator, store, policy)
+
+
+async def work_all(loop: Loop, pushes: list[str], fails: Fails, consumer: str = "e1") -> list[str]:
+    """Enforce, and run every pending push (victims and the primary, last) as a worker would:
+    run ``r`` of push ``i`` fails when ``fails(i, r)``. Returns the runs made, as
+    ``taskId/runId``, in order."""
+    ran = []
+    for _ in range(40):
+        await enforce(loop, consumer)
+        pending = [t for t in pushes if loop.last_run(t)["state"] == "pending"]
+        if not pending:
+            return ran
+        for task_id in pending:
+            run = loop.last_run(task_id)["runId"]
+            ran.append(f"{task_id}/{run}")
+            loop.em.clock.advance(60)
+            how = "failed" if fails(pushes.index(task_id), run) else "completed"
+            loop.resolve(loop.claim(task_id), how)
+    raise AssertionError("the search did not end")
+
+
+def runs_of(loop: Loop, task_id: str) -> list[tuple[str, str]]:
+    return [(r["state"], r.get("reasonResolved")) for r in loop.status(task_id)["runs"]]
+
+
+async def test_confirmed_failures_locate_the_culprit_and_an_intermittent_one_is_not_blamed(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = confirming(queue_emulator, store)
+    victims, primary = await held_then_failed(loop)
+    pushes = [*victims, primary]
+    # Pushes 5 and on are broken; push 3 (the first probed) fails its first run only.
+    ran = await work_all(loop, pushes, lambda i, run: i >= 5 or (i == 3 and run == 1))
+    # The primary's failure came back when it ran again.
+    assert runs_of(loop, primary) == [("failed", "failed"), ("failed", "failed")]
+    assert ran[0] == f"{primary}/1"
+    # Push 3: released to run (1), failed, ran again (2) and passed: intermittent, good.
+    assert runs_of(loop, victims[3]) == [
+        ("exception", "worker-shutdown"),
+        ("failed", "failed"),
+        ("completed", "completed"),
+    ]
+    # Push 5: failed, and failed again; push 4 passed.
+    assert runs_of(loop, victims[5])[1:] == [("failed", "failed"), ("failed", "failed")]
+    assert runs_of(loop, victims[4])[1:] == [("completed", "completed")]
+    assert len(ran) <= max_runs(8, 1)
+    [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    assert finding["culprit"] == {"taskId": victims[5], "runId": 2}
+    assert finding["lastGood"] == {"taskId": victims[4], "runId": 1}
+    assert finding["intermittent"] == [{"taskId": victims[3], "runId": 1}]
+    assert finding["extraRuns"] == len(ran)
+    assert [(r["taskId"], r["runId"], r["attempt"], r["passed"]) for r in finding["runs"]] == [
+        (primary, 0, 0, False),
+        (primary, 1, 1, False),
+        (victims[3], 1, 0, False),
+        (victims[3], 2, 1, True),
+        (victims[5], 1, 0, False),
+        (victims[5], 2, 1, False),
+        (victims[4], 1, 0, True),
+    ]
+    # The others are superseded by the run that stands for them.
+    for i in (0, 1, 2):
+        assert loop.artifact(victims[i], 0, "public/superseded-by.json") == {
+            "taskId": victims[4],
+            "runId": 1,
+        }
+    for i in (6, 7):
+        assert loop.artifact(victims[i], 0, "public/superseded-by.json") == {
+            "taskId": victims[5],
+            "runId": 2,
+        }
+    assert [await state(loop, t) for t in victims] == ["superseded"] * 3 + ["ran"] * 3 + [
+        "superseded"
+    ] * 2
+    assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
+    # Every message again (events twice, out of order): nothing changes.
+    loop.fed = 0
+    await loop.feed()
+    assert await outbox.searches(loop.store, "k") == {}
+    assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
+    assert [await state(loop, t) for t in victims][3:6] == ["ran"] * 3
+
+
+async def test_a_primary_whose_failure_does_not_come_back_stands_for_what_it_held(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = confirming(queue_emulator, store)
+    victims, primary = await held_then_failed(loop, n=4)
+    # A push newer than the primary arrives while its failure is confirmed: it neither
+    # supersedes the rerun nor is superseded by it.
+    await enforce(loop, "e1")
+    assert loop.last_run(primary)["state"] == "pending"
+    newer = loop.create()
+    await enforce(loop, "e1")
+    assert loop.last_run(primary)["state"] == "pending"
+    assert loop.last_run(newer)["state"] == "pending"
+    assert await records.decision(loop.store, "k", primary) is None
+    ran = await work_all(loop, [*victims, primary], lambda i, run: False)
+    assert ran == [f"{primary}/1"]
+    assert runs_of(loop, primary) == [("failed", "failed"), ("completed", "completed")]
+    for task_id in victims:
+        assert runs_of(loop, task_id) == [("exception", "superseded")]
+        assert loop.artifact(task_id, 0, "public/superseded-by.json") == {
+            "taskId": primary,
+            "runId": 1,
+        }
+        assert await state(loop, task_id) == "superseded"
+    [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    assert finding["culprit"] is None and finding["lastGood"] is None
+    assert finding["intermittent"] == [{"taskId": primary, "runId": 0}]
+    assert finding["extraRuns"] == 1
+    assert {s["by"]["runId"] for s in finding["standsFor"]} == {1}
+    assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
+    assert loop.last_run(newer)["state"] == "pending"  # the newest push, left to run
+
+
+async def test_without_the_rerun_scope_failures_are_trusted_and_said_once(
+    queue_emulator: QueueEmulator, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop = confirming(queue_emulator, store)
+    victims, primary = await held_then_failed(loop)
+    refused = []
+    async with loop.enforcer("e1") as enforcer:
+
+        async def no_scope(task_id: str) -> Any:
+            refused.append(task_id)
+            raise TaskclusterAuthFailure("missing scope queue:rerun-task", status_code=403)
+
+        enforcer.actions.queue.rerunTask = no_scope  # type: ignore[attr-defined]
+        for _ in range(20):
+            for _ in range(200):
+                await loop.feed()
+                if not await enforcer.round():
+                    await loop.feed()
+                    break
+            pending = [t for t in victims if loop.last_run(t)["state"] == "pending"]
+            if not pending:
+                break
+            for task_id in pending:
+                how = "failed" if victims.index(task_id) >= 5 else "completed"
+                loop.resolve(loop.claim(task_id), how)
+    # Each failure was trusted as it stood: the primary's, then push 5's (3 and 4 passed).
+    assert refused == [primary, victims[5]]
+    assert len(loop.status(primary)["runs"]) == 1
+    [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    assert finding["culprit"] == {"taskId": victims[5], "runId": 1}
+    assert finding["lastGood"] == {"taskId": victims[4], "runId": 1}
+    assert finding["intermittent"] == []
+    assert finding["extraRuns"] == len(finding["runs"]) - 1 <= 4
+    assert all(r["attempt"] == 0 for r in finding["runs"])
+    said = [r for r in caplog.records if "refused to rerun" in r.getMessage()]
+    assert len(said) == 1
+    assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
+
+
+async def test_an_enforcer_killed_before_a_rerun_resumes_it_once(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = confirming(queue_emulator, store)
+    victims, primary = await held_then_failed(loop, n=4)
+    # The first enforcer records the primary's confirmation, then dies before the rerun.
+    async with loop.enforcer("e1") as enforcer:
+
+        async def killed(task_id: str, after_run: int) -> Result:
+            raise RuntimeError("killed")
+
+        enforcer.actions.rerun = killed  # type: ignore[method-assign]
+        await loop.feed()
+        await enforcer.round()
+    [raw] = (await outbox.searches(loop.store, "k")).values()
+    probe = orjson.loads(raw)["probe"]
+    assert (probe["i"], probe["run"], probe["attempt"]) == (4, 0, 1)  # the primary's run 0
+    assert len(loop.status(primary)["runs"]) == 1
+    # Another enforcer reruns it, once, however often it looks before the rerun's events.
+    async with loop.enforcer("e2") as enforcer:
+        for _ in range(3):
+            await enforcer.round()
+    assert runs_of(loop, primary) == [("failed", "failed"), ("pending", None)]
+    ran = await work_all(loop, [*victims, primary], lambda i, run: i >= 2, consumer="e2")
+    assert runs_of(loop, primary) == [("failed", "failed"), ("failed", "failed")]
+    [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    assert finding["culprit"] == {"taskId": victims[2], "runId": 2}
+    assert finding["extraRuns"] == len(ran)

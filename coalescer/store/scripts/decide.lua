@@ -3,10 +3,12 @@
 -- event was applied to it (or on a tick, without an event: age thresholds, lost events).
 -- KEYS: t p w d x v vp vx r rs o h m rd bs  (see keys.py; all under the key's hash tag)
 -- ARGV: now_ms grace_ms rule strategy age_ms size supersede_running protect_ms hold cascade
---       event_taskId|'' started_ms resolved_ms max_decisions
+--       confirm event_taskId|'' started_ms resolved_ms max_decisions
 -- `hold`: 0 supersede at once, 1 hold victims until the primary ends (release), 2 hold them
 -- and, when the primary fails, start a bisection over them (`bs`; carried on by the enforcer,
--- coalescer/policy/bisecting.py).
+-- coalescer/policy/bisecting.py), whose failures are confirmed by `confirm` reruns each.
+-- A primary whose search is under way (in `bs`) is hidden as a bisection's victims are: a
+-- rerun confirming its failure is neither offered, nor a primary, nor decided.
 -- Returns {decisions taken now, outstanding outbox work (stream entries + held victims +
 -- bisections under way)}.
 --
@@ -21,8 +23,8 @@ local rule, strategy = ARGV[3], ARGV[4]
 local age, size = tonumber(ARGV[5]), tonumber(ARGV[6])
 local srun, protect = ARGV[7] == '1', tonumber(ARGV[8])
 local hold, bisect = ARGV[9] == '1' or ARGV[9] == '2', ARGV[9] == '2'
-local cascade, ev = ARGV[10], ARGV[11]
-local started, resolved, cap = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local cascade, confirm, ev = ARGV[10], tonumber(ARGV[11]), ARGV[12]
+local started, resolved, cap = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 
 -- A record of `t`: run|rank|order|deadline|since|state|reason.
 local function task(id)
@@ -74,6 +76,12 @@ local LIVE = {decided = true, settling = true, held = true, superseded = true, c
 local function live_victim(id)
   local rec = victim(id)
   return rec ~= nil and LIVE[rec.state] == true
+end
+
+-- A failed primary whose bisection is under way: its failure may be confirmed by a rerun.
+local searching = redis.call('HLEN', bs) > 0
+local function under_search(id)
+  return searching and redis.call('HEXISTS', bs, id) == 1
 end
 
 local function hide(id)
@@ -214,7 +222,8 @@ local function start_search(by, cur, started_ms)
   end
   redis.call('HSET', bs, by, '{"primary":"' .. by .. '","primaryRun":' .. cur.run
     .. ',"rule":"' .. rule .. '","cascade":"' .. cascade .. '","protect":' .. protect
-    .. ',"supersedeRunning":' .. (srun and 1 or 0) .. ',"ended":' .. ended
+    .. ',"supersedeRunning":' .. (srun and 1 or 0) .. ',"confirm":' .. confirm
+    .. ',"deadline":' .. cur.deadline .. ',"ended":' .. ended
     .. ',"longest":' .. took .. ',"victims":[' .. table.concat(parts, ',')
     .. '],"results":[],"probe":null}')
   return true
@@ -227,7 +236,7 @@ if ev ~= '' then
     redis.call('ZREM', r, ev)
     redis.call('HDEL', rs, ev)
   else
-    local hidden = live_victim(ev)
+    local hidden = live_victim(ev) or under_search(ev)
     if cur.rank == 2 and not hidden then
       redis.call('ZADD', r, cur.order, ev)
       if started > 0 then
@@ -275,16 +284,21 @@ for _, old in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', 0, 256
   redis.call('ZREM', w, old)
   redis.call('ZREM', d, old)
 end
+searching = redis.call('HLEN', bs) > 0
 local pending = {}
 local flat = redis.call('ZRANGE', p, 0, -1, 'WITHSCORES')
 for i = 1, #flat, 2 do
-  pending[#pending + 1] = {id = flat[i], order = tonumber(flat[i + 1]), running = false}
+  if not under_search(flat[i]) then
+    pending[#pending + 1] = {id = flat[i], order = tonumber(flat[i + 1]), running = false}
+  end
 end
 local running = {}
 flat = redis.call('ZRANGE', r, 0, -1, 'WITHSCORES')
 for i = 1, #flat, 2 do
   local cur = task(flat[i])
-  if cur and cur.rank == 2 and cur.deadline > now then
+  if under_search(flat[i]) then
+    -- hidden while its search needs it (its event removes it)
+  elseif cur and cur.rank == 2 and cur.deadline > now then
     running[#running + 1] = {id = flat[i], order = tonumber(flat[i + 1]), running = true}
   else
     redis.call('ZREM', r, flat[i])

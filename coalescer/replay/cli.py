@@ -100,9 +100,9 @@ def register(sub: Any) -> None:
         metavar="C",
         help="off; on-claim, latest-wins or first-wins, optionally with ,age=SECONDS,size=N "
         "(tc-coalesce's thresholds); or age=SECONDS,size=N alone (on claim); any with "
-        ",on-primary-failure=supersede|release|bisect (on claim: the worker's flag, bisect "
-        "with ,bisect-confirm=N, 1 by default; latest-wins, first-wins: the enforcer's, "
-        "trusting failures); repeatable; off is always replayed first, as "
+        ",on-primary-failure=supersede|release|bisect (on claim: the worker's flag; "
+        "latest-wins, first-wins: the enforcer's), bisect with ,bisect-confirm=N (reruns "
+        "confirming a failure, 1 by default); repeatable; off is always replayed first, as "
         "the baseline (default: off, age=3600,size=5, on-claim, or off alone with --policy)",
     )
     p.add_argument(
@@ -154,8 +154,6 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         if not Path(file).is_file():
             raise ConfigError(f"--policy {file!r}: no such file")
     files = [runner.Config.from_policy(rules.load(f), Path(f).name) for f in args.policy]
-    for config in files:
-        _bisect_rules(config)
     configs = [runner.Config(False), *(c for c in configs if c.supersede), *files]
     workers, default = parse_workers(args.workers)
     history = _history(args, settings, workers, default)
@@ -266,27 +264,6 @@ def _evidence(args: argparse.Namespace, settings: Settings) -> Evidence:
     if service is not None and not service.startswith(("http://", "https://")):
         raise ConfigError(f"--service {service!r}: expected an http:// or https:// URL")
     return Evidence(frozenset(identities), queue, service)
-
-
-def _bisect_rules(config: Config) -> None:
-    """Say, on stderr, that a file's deciding rules with ``on-primary-failure: bisect`` are
-    replayed as ``coalescer enforce`` carries them out: bisect-confirm taken as 0."""
-    from coalescer.policy import PrimaryFailure
-
-    assert config.rules is not None
-    names = [
-        r.name
-        for r in config.rules.rules
-        if r.decides and r.on_primary_failure is PrimaryFailure.BISECT and r.bisect_confirm
-    ]
-    if names:
-        print(
-            f"coalescer replay: {config.label}: rule(s) {', '.join(names)} bisect after a "
-            "failed primary; the replay searches as coalescer enforce does, trusting "
-            "failures (bisect-confirm taken as 0); the worker's confirmed search is modelled "
-            "with --config on-claim,on-primary-failure=bisect",
-            file=sys.stderr,
-        )
 
 
 def _unchecked(history: History) -> None:

@@ -16,13 +16,16 @@ counterpart does on a queue, from where the victim stands in the pool:
   runs it).
 * ``cancel``: a running victim is canceled, unless it has run longer than the rule protects;
   its worker stops at once (no reclaim lag is modelled).
+* ``rerun``: a task resolved with its own result is pending again in a new run (an extra one),
+  unless it has a newer run already or its deadline passed (``gone``).
 
 ``on-primary-failure: bisect`` is the enforcer's own search too
-(:class:`~coalescer.policy.bisecting.Searcher`, bisect-confirm taken as 0, as ``coalescer
-enforce`` does): a probe is a released victim, which a worker of the pool claims and runs like
-any task, its result the model's (broken, recorded failed, or an intermittent failure drawn for
-that run); the search's next step follows that result's event. Each search that ends becomes a
-:class:`~coalescer.replay.pool.Search` of the outcome, from the finding it recorded.
+(:class:`~coalescer.policy.bisecting.Searcher`, with the rule's ``bisect-confirm``): a probe is
+a released victim, a confirmation a rerun of the task that failed, which a worker of the pool
+claims and runs like any task, its result the model's (broken, recorded failed, or an
+intermittent failure drawn for that run); the search's next step follows that result's event.
+Each search that ends becomes a :class:`~coalescer.replay.pool.Search` of the outcome, from the
+finding it recorded.
 
 The enforcer acts at the instant of the decision: no poll interval, no queue latency.
 """
@@ -103,6 +106,17 @@ class PoolActions:
             pool.release(i, self.now_ms)
             pool.after_failure.add(i)  # its next run is an extra one
         return Result("released")
+
+    async def rerun(self, task_id: str, after_run: int) -> Result:
+        assert self.pool is not None, "PoolActions used outside Pool.run"
+        pool = self.pool
+        i = pool.pos[task_id]
+        if pool.out.runs[i] - 1 > after_run or pool.out.state[i] not in model.RESOLVED:
+            return Result("rerun")
+        if pool.tasks[i].deadline_ms <= self.now_ms:
+            return Result("gone")
+        pool.rerun(i, self.now_ms)
+        return Result("rerun")
 
     async def cancel(self, entry: Entry) -> Result:
         pool, i, primary = self._at(entry)

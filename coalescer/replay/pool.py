@@ -10,7 +10,7 @@ on its task queue with the same keys, runs the newest one it holds (the primary)
 the others superseded when the primary ends. Under a policy, the index decides on arrival for
 the keys whose rule says so, and carries its decisions out on the pool as the enforcer does on a
 queue, through the queue-like operations of :class:`Pool` (:meth:`Pool.supersede`,
-:meth:`Pool.hold`, :meth:`Pool.release`, :meth:`Pool.cancel`). A superseded task's dependents
+:meth:`Pool.hold`, :meth:`Pool.release`, :meth:`Pool.cancel`, :meth:`Pool.rerun`). A superseded task's dependents
 are never scheduled, as on a queue whose tasks require ``all-completed``.
 
 Each task has runs, as on the queue: a victim released by the enforcer, or a worker's secondary
@@ -325,6 +325,14 @@ class Pool:
         pending again, in a new run."""
         self.enforcer_holds.discard(i)
         self._rerun(i, now)
+
+    def rerun(self, i: int, now: int) -> None:
+        """``rerunTask`` on a task that resolved with its own result (a bisection confirming
+        its failure): it is pending again in a new run, an extra one; it resolves again when
+        that run ends."""
+        self.progress(-1)
+        self.after_failure.add(i)
+        self._pending(now, i)
 
     def cancel(self, i: int, primary: int, now: int, state: State = State.CANCELED) -> None:
         """``cancelTask`` on a task running on a worker. A canceled primary's worker stops at

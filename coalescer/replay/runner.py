@@ -47,7 +47,8 @@ class Config:
 
     ``on_failure`` is what a worker does with its secondaries when its primary fails
     (``--on-primary-failure``; ``None``: the default, ``supersede``), with ``bisect_confirm``
-    for ``bisect``; for ``latest-wins``/``first-wins``, the rule's ``on-primary-failure``."""
+    for ``bisect``; for ``latest-wins``/``first-wins``, the rule's ``on-primary-failure`` and
+    ``bisect-confirm`` (the enforcer's search)."""
 
     supersede: bool
     age: int | None = None
@@ -83,8 +84,9 @@ class Config:
         """``off``; ``on-claim``, ``latest-wins`` or ``first-wins``, each optionally followed
         by ``,age=S,size=N``; or ``age=S,size=N`` alone (on claim). Either threshold may be
         left out. Any but ``off`` may add ``,on-primary-failure=supersede|release|bisect``
-        and, with ``bisect`` on claim (the worker's search), ``,bisect-confirm=N``; the
-        enforcer's search (``latest-wins``, ``first-wins``) trusts failures."""
+        and, with ``bisect``, ``,bisect-confirm=N`` (reruns confirming a failure, 1 by
+        default): the worker's search on claim, the enforcer's with ``latest-wins`` and
+        ``first-wins``."""
         parts = [p.strip() for p in text.split(",")]
         if parts == ["off"]:
             return cls(False)
@@ -110,11 +112,6 @@ class Config:
         on_failure = None if failure is None else PrimaryFailure(failure)
         if "bisect-confirm" in found and on_failure is not PrimaryFailure.BISECT:
             raise InvalidInput(f"bad configuration {text!r}: bisect-confirm needs bisect")
-        if "bisect-confirm" in found and strategy != "on-claim":
-            raise InvalidInput(
-                f"bad configuration {text!r}: bisect-confirm is the worker's (on claim); the "
-                "enforcer trusts failures (bisect-confirm 0)"
-            )
         return cls(
             True,
             None if "age" not in found else int(found["age"]),
@@ -136,7 +133,7 @@ class Config:
             return self.rules
         if not self.supersede:
             return rules.Policy()
-        return _one_rule(self.strategy, self.age, self.size, self.on_failure)
+        return _one_rule(self.strategy, self.age, self.size, self.on_failure, self.bisect_confirm)
 
     def rule_for(self, task: TaskSpec) -> Rule:
         """The rule a task follows: its first key's (the one its worker would ask about)."""
@@ -145,13 +142,19 @@ class Config:
 
 @lru_cache(maxsize=64)
 def _one_rule(
-    strategy: str, age: int | None, size: int | None, on_failure: PrimaryFailure | None = None
+    strategy: str,
+    age: int | None,
+    size: int | None,
+    on_failure: PrimaryFailure | None = None,
+    confirm: int = 1,
 ) -> Policy:
     rule: dict[str, object] = {"name": strategy, "keys": "**", "strategy": strategy}
     if strategy != Strategy.ON_CLAIM:  # on claim, the thresholds are the worker's question's
         rule |= {k: v for k, v in (("age", age), ("size", size)) if v is not None}
         if on_failure is not None:
             rule["on-primary-failure"] = str(on_failure)
+        if on_failure is PrimaryFailure.BISECT:
+            rule["bisect-confirm"] = confirm
     return rules.parse({"rules": [rule]}, "replay")
 
 

@@ -227,9 +227,13 @@ def test_configurations_name_the_worker_s_on_primary_failure() -> None:
     assert on_claim("supersede").name == "on-claim always, supersede"
     assert Config.parse("age=60,on-primary-failure=release").name == "on-claim age>60s, release"
     assert on_claim("bisect").on_failure is PrimaryFailure.BISECT
+    confirmed = Config.parse("latest-wins,on-primary-failure=bisect,bisect-confirm=2")
+    assert confirmed.name == "latest-wins, bisect confirm 2"
+    [rule] = confirmed.policy().rules
+    assert (rule.on_primary_failure, rule.bisect_confirm) == (PrimaryFailure.BISECT, 2)
     for bad in (
         "on-claim,bisect-confirm=1",
-        "latest-wins,on-primary-failure=bisect,bisect-confirm=1",
+        "latest-wins,bisect-confirm=1",
         "on-claim,on-primary-failure=later",
         "on-claim,on-primary-failure=bisect,on-primary-failure=release",
     ):
@@ -329,8 +333,13 @@ def test_without_failures_the_report_keeps_its_rows(tmp_path: Path) -> None:
 
 
 # -- the enforcer's bisect (a policy file) --------------------------------------------------------
-def bisect_policy() -> Config:
-    rule = {"keys": "k", "strategy": "latest-wins", "on-primary-failure": "bisect"}
+def bisect_policy(confirm: int = 0) -> Config:
+    rule = {
+        "keys": "k",
+        "strategy": "latest-wins",
+        "on-primary-failure": "bisect",
+        "bisect-confirm": confirm,
+    }
     return Config.from_policy(rules.parse({"rules": [rule]}, "test"), "bisect.yaml")
 
 
@@ -352,7 +361,7 @@ def test_the_enforcer_s_bisect_locates_the_culprit_and_supersedes_the_rest() -> 
     out, s = run(h, config)
     # p8 fails at 70: the enforcer releases p3 (passes at 80), then p5 (fails at 90), then
     # p4 (passes at 100): p5 is the culprit, p4 the last good; no confirmation (bisect-confirm
-    # is taken as 0 by the enforcer).
+    # 0).
     assert fates(h, out) == {
         "busy": ("completed", 60, ""),
         **{f"p{n}": ("superseded", 100, "p4") for n in range(3)},
@@ -407,7 +416,32 @@ def T(n: float) -> int:
 
 
 @pytest.mark.usefixtures("redis_client")  # findings outlive the replay
-def test_a_policy_file_with_bisect_says_the_enforcer_trusts_failures(tmp_path: Path) -> None:
+def test_the_enforcer_s_bisect_confirms_each_failure_it_narrows_on() -> None:
+    h = held_behind_busy(5)
+    out, s = run(h, bisect_policy(confirm=1))
+    # p8 fails at 70 and runs again (rerunTask): fails at 80. p3 passes at 90; p5 fails at
+    # 100, again at 110; p4 passes at 120: p5 is the culprit, p4 the last good.
+    assert fates(h, out) == {
+        "busy": ("completed", 60, ""),
+        **{f"p{n}": ("superseded", 120, "p4") for n in range(3)},
+        "p3": ("completed", 90, ""),
+        "p4": ("completed", 120, ""),
+        "p5": ("failed", 110, ""),
+        **{f"p{n}": ("superseded", 120, "p5") for n in (6, 7)},
+        "p8": ("failed", 80, ""),
+    }
+    ids = [t.task_id for t in h.tasks]
+    assert out.searches == [
+        Search(ids.index("p8"), ids.index("p5"), ids.index("p4"), T(70), T(120), 5)
+    ]
+    # A probe is a released victim that ran again; a confirmation, one more run.
+    assert [out.runs[ids.index(f"p{n}")] for n in range(9)] == [1, 1, 1, 2, 2, 3, 1, 1, 2]
+    assert (s.extra_runs, s.bisections, s.located, s.wrong_culprits) == (5, 1, 1, 0)
+    assert not any(state == State.HELD for state in out.state)
+
+
+@pytest.mark.usefixtures("redis_client")  # findings outlive the replay
+def test_a_policy_file_with_bisect_confirms_failures(tmp_path: Path) -> None:
     policy = tmp_path / "bisect.yaml"
     policy.write_text(
         "rules:\n  - keys: build.*\n    strategy: latest-wins\n"
@@ -416,7 +450,7 @@ def test_a_policy_file_with_bisect_says_the_enforcer_trusts_failures(tmp_path: P
     busy = ("--hours", "12", "--pushes-per-hour", "20", "--build-workers", "1")
     done = replay_cli(*busy, "--regressions", "0.1", "--policy", str(policy), "--json")
     assert done.returncode == 0, done.stderr
-    assert "trusting failures (bisect-confirm taken as 0)" in done.stderr
+    assert "trusting failures" not in done.stderr
     assert "released when the primary fails" not in done.stderr
     doc = orjson.loads(done.stdout)
     [_, bisected] = doc["configurations"]

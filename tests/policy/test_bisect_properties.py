@@ -1,8 +1,11 @@
 """Property of ``coalescer enforce``'s bisection (``on-primary-failure: bisect``): whatever the
-number of held victims (0..9) and wherever the first failing push is (any victim, or only the
+number of held victims (0..16) and wherever the first failing push is (any victim, or only the
 primary), the search names that push, releases at most ``ceil(log2(n + 1))`` victims to run,
 supersedes every other victim by the run that stands for it, and leaves nothing held,
-searched or to do.
+searched or to do. With ``bisect-confirm`` 1, every failure the search narrows on is run again
+(``rerunTask``) first, and intermittent failures (a good push's first run fails, or the
+primary's own failure does not come back) are never blamed: the runs stay within
+:func:`~coalescer.bisection.max_runs`, and the intermittent ones are recorded as such.
 
 The decisions and the search are the real ones (``decide.lua``, the enforcer, its
 :class:`~coalescer.policy.bisecting.Searcher`, ``settle.lua``) on real Redis; the queue is
@@ -31,6 +34,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
+from coalescer.bisection import max_runs
 from coalescer.model import TaskEvent
 from coalescer.policy.actions import Result
 from coalescer.policy.enforcer import Enforcer
@@ -61,6 +65,7 @@ class Queue:
         self.since: dict[str, int] = {}
         self.events: list[TaskEvent] = []
         self.released: list[str] = []
+        self.reruns: list[str] = []
         self.superseded_by: dict[str, tuple[str, int]] = {}
 
     def create(self, task_id: str, order: float) -> None:
@@ -133,12 +138,28 @@ class Queue:
         held = self.state(victim) == "held"
         return Result("held", due_ms=DEADLINE) if held else Result("lost")
 
+    async def rerun(self, task_id: str, after_run: int) -> Result:
+        runs = self.runs[task_id]
+        if len(runs) - 1 == after_run and runs[-1] in ("completed", "failed"):
+            self.reruns.append(task_id)
+            self._new_run(task_id)
+        return Result("rerun")
 
-async def search(n: int, culprit: int, *, record: bool = True, exact_runs: bool = True) -> None:
-    """``n`` victims held for a primary; pushes ``culprit`` (``n``: the primary alone) and on
-    fail."""
+
+async def search(
+    n: int,
+    culprit: int,
+    *,
+    record: bool = True,
+    exact_runs: bool = True,
+    confirm: int = 0,
+    flaky: frozenset[int] = frozenset(),
+) -> None:
+    """``n`` victims held for a primary; pushes ``culprit`` (``n``: the primary alone; ``n + 1``:
+    none, the primary's failure is intermittent) and on fail; the first run of each push in
+    ``flaky`` (good ones) fails too."""
     key = f"bisect.{uuid.uuid4().hex[:12]}"
-    policy = rule(key, strategy="latest-wins", on_primary_failure="bisect", bisect_confirm=0)
+    policy = rule(key, strategy="latest-wins", on_primary_failure="bisect", bisect_confirm=confirm)
     queue = Queue(key)
     victims = [f"V{i:02d}{uuid.uuid4().hex[:18]}" for i in range(n)]
     primary = f"P{uuid.uuid4().hex[:21]}"
@@ -160,19 +181,29 @@ async def search(n: int, culprit: int, *, record: bool = True, exact_runs: bool 
             if events:
                 await store.apply(events, now_ms=queue.now, policy=policy)
             done = await enforcer.round()
-            pending = [t for t in victims if queue.state(t) == "pending"]
+            # The primary runs first below; then only its confirmation is run here.
+            pending = [
+                t
+                for t in pushes
+                if queue.state(t) == "pending" and (t != primary or len(queue.runs[t]) > 1)
+            ]
             for task_id in pending:
-                queue.run(task_id, passes=victims.index(task_id) < culprit)
+                i = pushes.index(task_id)
+                first = len(queue.runs[task_id]) == 2  # released once: its first run
+                queue.run(task_id, passes=i < culprit and not (i in flaky and first))
             if not (events or done or pending or queue.events):
                 return
         raise AssertionError("the search did not end")
 
+    pushes = [*victims, primary]
     try:
         await settle()
         assert all(queue.state(t) == "held" for t in victims)
         queue.run(primary, passes=False)
         await settle()
-        await check(store, queue, key, victims, primary, culprit, record, exact_runs)
+        await check(store, queue, key, victims, primary, culprit, record, exact_runs, confirm)
+        if confirm:
+            await check_intermittent(store, queue, key, victims, primary, culprit, flaky)
     finally:
         await store.close()
 
@@ -186,34 +217,50 @@ async def check(
     culprit: int,
     record: bool = True,
     exact_runs: bool = True,
+    confirm: int = 0,
 ) -> None:
     n = len(victims)
     ran = queue.released
     assert len(ran) == len(set(ran)) <= math.ceil(math.log2(n + 1))
+    # Every run beyond the primary's first: probes and confirmations.
+    made = sum(state in ("completed", "failed") for runs in queue.runs.values() for state in runs)
+    assert made - 1 <= max_runs(n, confirm)
+    if not confirm:
+        assert queue.reruns == []
     if record:  # hypothesis's statistics
         event(f"victims released to run: {len(ran)}")
+        event(f"runs beyond the primary's first: {made - 1}")
     findings = await bisections.for_task(store, [key], primary)
     if n == 0:
         assert findings == []  # nothing to search: the primary's failure stands alone
+        assert queue.runs[primary] == ["failed"]
     else:
         [finding] = findings
-        named = victims[culprit] if culprit < n else primary
-        assert finding["culprit"]["taskId"] == named  # the first failing push
-        good = finding["lastGood"]
-        if culprit == 0:
-            assert good is None
-        else:
-            assert good is not None and good["taskId"] == victims[culprit - 1]
-        assert finding["extraRuns"] == len(ran)
+        assert finding["extraRuns"] == made - 1 == len(finding["runs"]) - 1
+        # The run whose result is each push's verdict: its last.
         runs = {r["taskId"]: r["runId"] for r in finding["runs"]}
+        if culprit > n:  # the primary's failure did not come back: it stands for every victim
+            assert finding["culprit"] is None and finding["lastGood"] is None
+            named = primary
+        else:
+            named = victims[culprit] if culprit < n else primary
+            assert finding["culprit"] == {"taskId": named, "runId": runs[named]}
+            good = finding["lastGood"]
+            if culprit == 0:
+                assert good is None
+            else:
+                assert good is not None and good["taskId"] == victims[culprit - 1]
         for i, task_id in enumerate(victims):
             decision = await records.decision(store, key, task_id)
             assert decision is not None
             if task_id in ran:
-                assert queue.runs[task_id] == ["released", "completed" if i < culprit else "failed"]
+                verdict = "completed" if i < culprit else "failed"
+                assert queue.runs[task_id][0] == "released"
+                assert queue.runs[task_id][-1] == verdict
+                assert len(queue.runs[task_id]) <= 2 + confirm
                 assert decision.state == "ran"
                 continue
-            stand_in = victims[culprit - 1] if i < culprit else named
+            stand_in = victims[culprit - 1] if i < culprit and culprit <= n else named
             by = queue.superseded_by.get(task_id)
             assert (i, by and by[0]) == (i, stand_in)
             if exact_runs:
@@ -224,6 +271,35 @@ async def check(
     assert (await outbox.outstanding(store, [key]))[key] == (0, 0)
     assert await outbox.searches(store, key) == {}
     assert not any(state in ("held", "pending") for runs in queue.runs.values() for state in runs)
+
+
+async def check_intermittent(
+    store: Store,
+    queue: Queue,
+    key: str,
+    victims: list[str],
+    primary: str,
+    culprit: int,
+    flaky: frozenset[int],
+) -> None:
+    """With confirmations: what failed once and passed when run again is recorded as
+    intermittent (its failed run), and nothing else is."""
+    n = len(victims)
+    if n == 0:
+        return
+    [finding] = await bisections.for_task(store, [key], primary)
+    expected = [
+        {"taskId": victims[i], "runId": 1}
+        for i in sorted(flaky)
+        if victims[i] in queue.released and i < culprit
+    ]
+    if culprit > n:
+        expected.append({"taskId": primary, "runId": 0})
+    assert sorted(finding["intermittent"], key=str) == sorted(expected, key=str)
+    # A failure the search narrowed on was confirmed: each push that ran and failed ran twice.
+    for task_id in [*queue.released, primary]:
+        failed = [s for s in queue.runs[task_id] if s == "failed"]
+        assert len(failed) != 1 or queue.runs[task_id][-1] == "completed", queue.runs[task_id]
 
 
 @st.composite
@@ -246,6 +322,27 @@ def test_the_enforcer_s_search_names_the_first_failing_push_within_the_bound(
 @pytest.mark.parametrize("culprit", [3, 12])
 def test_a_chain_deeper_than_nine_is_searched_whole(culprit: int) -> None:
     asyncio.run(search(12, culprit, record=False))
+
+
+@st.composite
+def flaky_searches(draw: st.DrawFn) -> tuple[int, int, frozenset[int]]:
+    n = draw(st.integers(0, 12))
+    # n: only the primary fails; n + 1: nothing does (the primary's failure is intermittent).
+    culprit = draw(st.integers(0, n + 1))
+    flaky = draw(st.frozensets(st.integers(0, max(0, min(culprit, n) - 1)), max_size=3))
+    return n, culprit, frozenset(i for i in flaky if i < min(culprit, n))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=flaky_searches())
+def test_with_confirmations_an_intermittent_failure_is_never_blamed(
+    case: tuple[int, int, frozenset[int]],
+) -> None:
+    n, culprit, flaky = case
+    if culprit > n:
+        event("the primary's failure is intermittent")
+    event(f"intermittent victims: {len(flaky)}")
+    asyncio.run(search(n, culprit, confirm=1, flaky=flaky))
 
 
 def test_a_stand_in_is_named_with_the_run_that_passed() -> None:

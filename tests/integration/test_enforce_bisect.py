@@ -7,6 +7,10 @@ enforcer holds the eight older ones for the newest. The worker runs the newest, 
 the enforcer releases a few held pushes, one at a time, for the worker to run, locates push 5
 as the culprit and push 4 as the last good, and supersedes every other push by the run whose
 result stands for it.
+
+With ``bisect-confirm: 1`` every failure the search would narrow on is first run again
+(``rerunTask``); push 4's first run fails intermittently (its command fails once, leaving a
+marker behind), its rerun passes: the search does not blame it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ import httpx
 import pytest
 import taskcluster
 
+from coalescer.bisection import max_runs
 from coalescer.store import Store
 from coalescer.store import policy as outbox
 from tests.integration.test_e2e import Processes
@@ -43,6 +49,8 @@ rules:
     on-primary-failure: bisect
     bisect-confirm: 0
 """
+#: The push whose first run fails intermittently, with bisect-confirm 1.
+FLAKY = 4
 RESOLVED = ("completed", "failed", "exception")
 
 
@@ -77,7 +85,14 @@ async def until(check: Any, procs: Processes, within: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-def definition(push: int, created: str) -> dict[str, Any]:
+def definition(push: int, created: str, marker: Path | None = None) -> dict[str, Any]:
+    """Push ``push``'s task: its command fails from :data:`FIRST_BAD` on; with ``marker``,
+    push :data:`FLAKY`'s also fails while ``marker`` does not exist, creating it."""
+    script = f'echo "push $PUSH"; test "$PUSH" -lt {FIRST_BAD}'
+    env = {"PUSH": str(push)}
+    if marker is not None and push == FLAKY:
+        script = f'if [ ! -e "$MARKER" ]; then touch "$MARKER"; exit 1; fi; {script}'
+        env["MARKER"] = str(marker)
     return {
         "taskQueueId": QUEUE,
         "created": created,
@@ -85,8 +100,8 @@ def definition(push: int, created: str) -> dict[str, Any]:
         "routes": [f"{PREFIX}.{KEY}"],
         "tags": {"push": str(push)},
         "payload": {
-            "command": ["sh", "-c", f'echo "push $PUSH"; test "$PUSH" -lt {FIRST_BAD}'],
-            "env": {"PUSH": str(push)},
+            "command": ["sh", "-c", script],
+            "env": env,
             "maxRunTime": 60,
         },
         "metadata": {
@@ -101,14 +116,30 @@ def definition(push: int, created: str) -> dict[str, Any]:
 async def test_the_enforcer_bisects_a_failed_primary_on_a_real_queue(
     store: Store, redis_url: str, tmp_path: Path
 ) -> None:
+    await end_to_end(store, redis_url, tmp_path, POLICY, scenario)
+
+
+async def test_the_enforcer_confirms_failures_and_does_not_blame_an_intermittent_one(
+    store: Store, redis_url: str, tmp_path: Path
+) -> None:
+    policy = POLICY.replace("bisect-confirm: 0", "bisect-confirm: 1")
+    await end_to_end(store, redis_url, tmp_path, policy, confirmed_scenario)
+
+
+Scenario = Callable[[Processes, Store, str, str, int, int, Path], Awaitable[None]]
+
+
+async def end_to_end(
+    store: Store, redis_url: str, tmp_path: Path, policy: str, play: Scenario
+) -> None:
     queue_port, web_port = free_port(), free_port()
     root, service = f"http://127.0.0.1:{queue_port}", f"http://127.0.0.1:{web_port}"
     policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(POLICY)
+    policy_file.write_text(policy)
     procs = Processes(environment(redis_url, root, policy_file), tmp_path)
     try:
         started = time.monotonic()
-        await scenario(procs, store, root, service, queue_port, web_port)
+        await play(procs, store, root, service, queue_port, web_port, tmp_path)
         assert time.monotonic() - started < 90
     finally:
         codes = procs.stop()
@@ -121,9 +152,17 @@ async def test_the_enforcer_bisects_a_failed_primary_on_a_real_queue(
     assert not failed, failed
 
 
-async def scenario(
-    procs: Processes, store: Store, root: str, service: str, queue_port: int, web_port: int
-) -> None:
+async def bisected(
+    procs: Processes,
+    store: Store,
+    root: str,
+    service: str,
+    queue_port: int,
+    web_port: int,
+    marker: Path | None = None,
+) -> tuple[Callable[[str], list[dict[str, Any]]], list[str]]:
+    """The processes, the pushes held for the newest, a worker, and the bisection over: each
+    task's runs, and the pushes' taskIds (oldest first)."""
     procs.start("serve", "serve", "--port", str(web_port))
     procs.start("enforce", "enforce", "--poll", "0.2")
 
@@ -156,7 +195,7 @@ async def scenario(
     ids = sorted(taskcluster.slugid.nice() for _ in range(PUSHES))
     created = taskcluster.stringDate(taskcluster.fromNow("0 seconds"))
     for push, task_id in enumerate(ids, start=1):
-        queue.createTask(task_id, definition(push, created))
+        queue.createTask(task_id, definition(push, created, marker))
     victims, primary = ids[:-1], ids[-1]
 
     def held() -> bool:
@@ -186,6 +225,20 @@ async def scenario(
 
     await until(over, procs, 60, "the bisection to end and every push to be resolved")
     assert (await outbox.outstanding(store, [KEY]))[KEY] == (0, 0)  # nothing held or searched
+    return runs, ids
+
+
+async def scenario(
+    procs: Processes,
+    store: Store,
+    root: str,
+    service: str,
+    queue_port: int,
+    web_port: int,
+    tmp_path: Path,
+) -> None:
+    runs, ids = await bisected(procs, store, root, service, queue_port, web_port)
+    victims, primary = ids[:-1], ids[-1]
 
     # The primary ran once and failed; the victims that ran were released once and ran.
     assert [(r["state"], r["reasonResolved"]) for r in runs(primary)] == [("failed", "failed")]
@@ -232,3 +285,71 @@ async def scenario(
     assert finding["held"] == 8 and finding["extraRuns"] == len(ran)
     assert {r["taskId"] for r in finding["runs"]} == {primary, *ran}
     assert "culprit located: task " + culprit in procs.output("enforce")
+
+
+async def confirmed_scenario(
+    procs: Processes,
+    store: Store,
+    root: str,
+    service: str,
+    queue_port: int,
+    web_port: int,
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / f"push-{FLAKY}.flaked"
+    runs, ids = await bisected(procs, store, root, service, queue_port, web_port, marker)
+    victims, primary = ids[:-1], ids[-1]
+    assert marker.exists()
+
+    def results(task_id: str) -> list[tuple[str, str]]:
+        return [(r["state"], r["reasonResolved"]) for r in runs(task_id)]
+
+    # The primary's failure came back when it ran again.
+    assert results(primary) == [("failed", "failed"), ("failed", "failed")]
+    shutdown = ("exception", "worker-shutdown")
+    # Push 4, probed first, failed and passed when it ran again: intermittent, a good push.
+    flaky = victims[FLAKY - 1]
+    assert results(flaky) == [shutdown, ("failed", "failed"), ("completed", "completed")]
+    ran = [t for t in victims if len(runs(t)) > 1]
+    culprit = victims[FIRST_BAD - 1]
+    assert culprit in ran and flaky in ran
+    for task_id in ran:
+        push = ids.index(task_id) + 1
+        if push >= FIRST_BAD:  # failed, and failed again
+            assert results(task_id) == [shutdown, ("failed", "failed"), ("failed", "failed")]
+        elif task_id != flaky:
+            assert results(task_id) == [shutdown, ("completed", "completed")]
+    extra = sum(len(runs(t)) - 1 for t in ran) + len(runs(primary)) - 1
+    assert extra <= max_runs(8, 1)  # the bound with confirmations: 1 + 2 * 4
+
+    # Every other push is superseded by the run whose result stands for it.
+    good = flaky  # push 4: its rerun passed
+    async with httpx.AsyncClient(timeout=10) as http:
+        for i, task_id in enumerate(victims):
+            if task_id in ran:
+                continue
+            stand_in = good if i < FLAKY - 1 else culprit
+            [run] = runs(task_id)
+            assert (run["state"], run["reasonResolved"]) == ("exception", "canceled"), task_id
+            response = await http.get(
+                f"{root}/emulator/v1/blobs/{task_id}/0/public/superseded-by.json"
+            )
+            assert response.raise_for_status().json() == {"taskId": stand_in, "runId": 2}
+
+        answer = (await http.get(f"{service}/v1/tasks/{flaky}")).raise_for_status().json()
+    [finding] = answer["bisection"]
+    assert finding["role"] == "lastGood"
+    assert finding["culprit"] == {"taskId": culprit, "runId": 2}
+    assert finding["lastGood"] == {"taskId": flaky, "runId": 2}
+    assert finding["intermittent"] == [{"taskId": flaky, "runId": 1}]
+    assert finding["extraRuns"] == extra
+    attempts = [(r["taskId"], r["runId"], r["attempt"], r["passed"]) for r in finding["runs"]]
+    assert attempts[:4] == [
+        (primary, 0, 0, False),
+        (primary, 1, 1, False),
+        (flaky, 1, 0, False),
+        (flaky, 2, 1, True),
+    ]
+    log = procs.output("enforce")
+    assert "culprit located: task " + culprit in log
+    assert "1 intermittent" in log

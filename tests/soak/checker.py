@@ -79,13 +79,36 @@ class Findings:
         self.violations.append(Violation(invariant, detail))
 
 
-async def check_queue(queue: Queue, tasks: Mapping[str, Pushed], findings: Findings) -> None:
-    statuses = await queue.statuses(tasks)
-    resolved: Counter[tuple[str, int]] = Counter()
+def _resolution(run: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
+    """What resolved a run: its state, reasonResolved and when."""
+    return run["state"], run.get("reasonResolved"), run.get("resolved")
+
+
+async def _told(queue: Queue) -> dict[tuple[str, int], list[tuple[str, str | None, str | None]]]:
+    """Per run, the resolution each of its resolution messages reports (the run as the message's
+    status shows it), in publishing order."""
+    told: dict[tuple[str, int], list[tuple[str, str | None, str | None]]] = {}
     for kind in RESOLUTIONS:
         for m in await queue.messages(kind):
-            resolved[(m["payload"]["status"]["taskId"], int(m["payload"]["runId"]))] += 1
+            payload = m["payload"]
+            run_id = int(payload["runId"])
+            runs = payload["status"].get("runs") or []
+            said = runs[run_id] if run_id < len(runs) else {}
+            found = (kind.removeprefix("task-"), said.get("reasonResolved"), said.get("resolved"))
+            told.setdefault((payload["status"]["taskId"], run_id), []).append(found)
+    return told
+
+
+async def check_queue(queue: Queue, tasks: Mapping[str, Pushed], findings: Findings) -> None:
+    """The queue's state is the truth: each run is resolved once, as its status says, and its
+    resolution published. A resolution message may be published more than once (the queue
+    publishes again on a repeated cancelTask or report, and Pulse delivers at least once): a
+    repeat is counted, not a violation, as long as it reports that same resolution; a message
+    reporting another one is a run resolved twice."""
+    statuses = await queue.statuses(tasks)
+    told = await _told(queue)
     outcomes: Counter[str] = Counter()
+    repeated, again = 0, list[str]()
     runs = 0
     for task_id, pushed in tasks.items():
         status = statuses.get(task_id)
@@ -100,11 +123,29 @@ async def check_queue(queue: Queue, tasks: Mapping[str, Pushed], findings: Findi
                 findings.add("every run resolved", f"{where} is still {run['state']}")
                 continue
             outcomes[f"run {run['state']}/{run.get('reasonResolved')}"] += 1
-            n = resolved[(task_id, run["runId"])]
-            if n != 1:
-                findings.add("every run resolved once", f"{where} resolved {n} times")
+            truth = _resolution(run)
+            said = told.pop((task_id, run["runId"]), [])
+            if not said:
+                findings.add("every resolution published", f"{where} resolved {truth}, no message")
+            elif any(one != truth for one in said):
+                findings.add(
+                    "every run resolved once",
+                    f"{where} resolved {truth}; its messages reported {said}",
+                )
+            if len(said) > 1:
+                repeated += len(said) - 1
+                if len(again) < 5:
+                    again.append(f"{where}: {len(said)} messages, {truth[0]}/{truth[1]}")
+    for (task_id, run_id), said in told.items():
+        if task_id in tasks:
+            findings.add(
+                "every run resolved once",
+                f"{task_id} run {run_id} is not resolved in the queue; its messages reported {said}",
+            )
     findings.counts["tasks by state"] = dict(outcomes)
     findings.counts["runs"] = runs
+    findings.counts["resolution messages repeated"] = repeated
+    findings.counts["resolutions published again, e.g."] = again
     await _check_superseding(queue, tasks, statuses, findings)
     _check_dependents(tasks, statuses, findings)
 

@@ -14,7 +14,7 @@ class FakeQueue(checker.Queue):
         self,
         statuses: dict[str, Any],
         blobs: dict[tuple[str, int, str], Any],
-        messages: list[tuple[str, str, int]],
+        messages: list[tuple[Any, ...]],
     ) -> None:
         self._statuses, self._blobs, self._messages = statuses, blobs, messages
 
@@ -25,11 +25,17 @@ class FakeQueue(checker.Queue):
         return self._blobs.get((task_id, run_id, name))
 
     async def messages(self, kind: str) -> list[dict[str, Any]]:
-        return [
-            {"payload": {"status": {"taskId": t}, "runId": r}}
-            for k, t, r in self._messages
-            if k == kind
-        ]
+        """``(kind, taskId, runId)``: the run as the queue has it in the end; a 4th item is the
+        run the message shows instead."""
+        found = []
+        for k, t, r, *said in self._messages:
+            if k != kind:
+                continue
+            runs = [dict(one) for one in self._statuses.get(t, {}).get("runs", [])]
+            if said:
+                runs[r:] = [said[0]]
+            found.append({"payload": {"status": {"taskId": t, "runs": runs}, "runId": r}})
+        return found
 
 
 def run(state: str, reason: str | None = None, created: str = "scheduled") -> dict[str, Any]:
@@ -79,11 +85,26 @@ async def test_a_history_without_faults_has_no_violation() -> None:
 
 async def test_a_run_resolved_twice_or_never_is_found() -> None:
     statuses, blobs, messages = good()
-    assert await check(statuses, blobs, [*messages, ("task-completed", "new", 0)]) == [
+    failed = {**run("failed", "failed"), "runId": 0}
+    assert await check(statuses, blobs, [*messages, ("task-failed", "new", 0, failed)]) == [
         "every run resolved once"
+    ]
+    assert await check(statuses, blobs, [("task-completed", "new", 0)]) == [
+        "every resolution published"
     ]
     statuses["new"] = status(run("running"))
     assert "every run resolved" in await check(statuses, blobs, messages)
+
+
+async def test_a_resolution_published_again_is_counted_not_a_violation() -> None:
+    # cancelTask on a canceled task, a repeated report: the queue publishes the same resolution
+    # again (and Pulse may deliver any message twice); the run is still resolved once.
+    statuses, blobs, messages = good()
+    findings = checker.Findings()
+    again = [*messages, ("task-exception", "old", 0), ("task-completed", "new", 0)]
+    await checker.check_queue(FakeQueue(statuses, blobs, again), TASKS, findings)
+    assert findings.violations == []
+    assert findings.counts["resolution messages repeated"] == 2
 
 
 async def test_an_older_winner_and_a_primary_that_held_a_newer_task_are_found() -> None:

@@ -166,8 +166,19 @@ class Enforcer:
                 await outbox.idle(self.store, key, seen)
             else:
                 busy.append(key)
-        done = await asyncio.gather(*(self._bounded(self.key_round(k)) for k in busy))
-        return sum(done)
+        # Every key's round ends before this one does, even when another's store calls fail (a
+        # Cluster node failing over): a key's round left running would have its pending entries
+        # taken up again by the next round, under the same lease (the same consumer), and its
+        # actions carried out twice at once.
+        ended = await asyncio.gather(
+            *(self._bounded(self.key_round(k)) for k in busy), return_exceptions=True
+        )
+        done = 0
+        for one in ended:
+            if isinstance(one, BaseException):
+                raise one
+            done += one
+        return done
 
     async def tick(self) -> int:
         """Re-evaluate every deciding key without an event."""

@@ -19,7 +19,9 @@ from coalescer.emulator import endpoints
 from coalescer.emulator.app import Call
 from coalescer.emulator.model import QueueError
 from coalescer.emulator.runtime import EmulatorOptions
+from coalescer.errors import StoreUnavailable
 from coalescer.policy.rules import Policy
+from coalescer.store import policy as outbox
 from tests.policy.support import Loop, eventually, rule
 
 pytestmark = pytest.mark.integration
@@ -69,6 +71,8 @@ class Gate:
 
     def __init__(self) -> None:
         self.task_id = ""
+        #: False: once released, the held call goes through (a slow queue, nobody killed)
+        self.fail = True
         self.reached = threading.Event()
         self.released = threading.Event()
         self._real = endpoints.HANDLERS["reportException"]
@@ -78,7 +82,8 @@ class Gate:
             self.reached.set()
             while not self.released.is_set():  # noqa: ASYNC110 (the release comes from a thread)
                 await asyncio.sleep(0.01)
-            raise QueueError("InternalServerError", "the enforcer was killed before this")
+            if self.fail:
+                raise QueueError("InternalServerError", "the enforcer was killed before this")
         return await self._real(call)
 
 
@@ -145,3 +150,46 @@ async def test_a_killed_enforcer_s_outbox_is_resumed_and_nothing_is_done_twice(
     superseded_once(loop, [victims], {"k.0": newest})
     pending = await loop.store.client.xpending("co:{k.0}:o", "enforce")
     assert pending["pending"] == 0
+
+
+async def test_a_key_whose_store_fails_leaves_no_other_key_s_action_running_into_the_next_round(
+    loop: Loop, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a Redis Cluster a failover fails one key's store calls (StoreUnavailable) while the
+    # other keys' rounds go on. The round must end with them, or the next round (the same
+    # consumer, so the same lease) takes their pending entries again and acts a second time:
+    # the soak's runs canceled twice.
+    slow = loop.create("k.0")
+    newest = loop.create("k.0")
+    loop.create("k.1")
+    loop.create("k.1")
+    await loop.feed()
+    gate.task_id, gate.fail = slow, False
+    read = outbox.read
+
+    async def failing(store: Any, key: str, consumer: str, **options: Any) -> Any:
+        if key == "k.1" and not gate.released.is_set():
+            raise StoreUnavailable("Redis is moved: 1 127.0.0.1:1", reason="moved")
+        return await read(store, key, consumer, **options)
+
+    monkeypatch.setattr(outbox, "read", failing)
+
+    async def release_later() -> None:
+        assert await asyncio.to_thread(gate.reached.wait, 10)
+        await asyncio.sleep(0.5)  # rounds enough for k.1's failures to start new ones
+        gate.released.set()
+
+    async def drained() -> bool:
+        await loop.feed()
+        return not await loop.store.client.zcard("co:outbox") and gate.released.is_set()
+
+    stop = asyncio.Event()
+    async with loop.enforcer() as enforcer:
+        running = asyncio.create_task(enforcer.run(stop))
+        try:
+            await release_later()
+            await eventually(drained, within=15)
+        finally:
+            stop.set()
+            await running
+    superseded_once(loop, [[slow]], {"k.0": newest})

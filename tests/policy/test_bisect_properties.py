@@ -12,16 +12,11 @@ The decisions and the search are the real ones (``decide.lua``, the enforcer, it
 modelled in memory (:class:`Queue`), each of its changes an event for the index, so that many
 examples run in seconds (the same search on the emulator: tests/policy/test_bisect.py).
 
-Past 9 victims the search loses the oldest: latest-wins holds each victim for the next (a
-chain), and ``decide.lua`` follows a failed primary's chain 9 deep (``depth < 8``, as when it
-settles a chain after a primary ends), so the older victims stay held, in no search, for ever
-(:func:`test_a_chain_deeper_than_nine_is_searched_whole`, expected to fail until it is fixed).
-
-A victim stood for by the victim it was held for (the last good push, the next one up its
-chain) is superseded by that victim's *held* run (0, ended worker-shutdown), not the run that
-passed: ``settle.lua``'s search step keeps a victim's ``by_run`` when ``by`` is unchanged
-(:func:`test_a_stand_in_is_named_with_the_run_that_passed`, expected to fail until fixed); the
-property checks the stand-in's taskId only."""
+Two cases are pinned on their own: a chain of held victims deeper than nine is searched whole
+(latest-wins holds each victim for the next;
+:func:`test_a_chain_deeper_than_nine_is_searched_whole`), and a victim stood for by the victim
+it was held for is superseded by that victim's run that passed, not its held run
+(:func:`test_a_stand_in_is_named_with_the_run_that_passed`)."""
 
 from __future__ import annotations
 

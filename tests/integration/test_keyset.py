@@ -245,10 +245,13 @@ async def raw_transport(store: Store, redis_url: str) -> AsyncIterator[None]:
                 replies.append(reply)
         return replies
 
+    # Replies as redis-py's own connections get them, for its callbacks: RESP3 from redis-py 8
+    # on, RESP2 before.
+    pool = store.client.connection_pool
+    protocol = int(pool.connection_class(**pool.connection_kwargs).protocol or 2)
     for _ in range(2):
         conn = await asyncio.open_connection(url.hostname, url.port)
-        # Replies as redis-py's own connections get them (RESP3), for its callbacks.
-        await send(conn, [("HELLO", 3), ("SELECT", url.path.strip("/") or "0")])
+        await send(conn, [("HELLO", protocol), ("SELECT", url.path.strip("/") or "0")])
         free.put_nowait(conn)
 
     async def pipeline(fill: Callable[[Any], object], **_: Any) -> list[Any]:

@@ -281,7 +281,14 @@ class Search:
             else:
                 self.ledger.released.append(_ref(claim))
 
-        await asyncio.gather(*(one(v, p) for v, p in sorted(stood.items())))
+        # Every victim's resolution ends before an error of one is raised: none is left running
+        # behind the shim's clean-up.
+        ended = await asyncio.gather(
+            *(one(v, p) for v, p in sorted(stood.items())), return_exceptions=True
+        )
+        for error in ended:
+            if isinstance(error, BaseException):
+                raise error
         for push in sorted(self.outcomes):
             by = _ref(self.claims[push])
             mine = [

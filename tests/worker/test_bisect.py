@@ -295,3 +295,31 @@ def test_the_command_line_sets_bisect_and_its_confirmations(
     assert parser.parse_args(base).bisect_confirm == 1
     with pytest.raises(ConfigError, match="--bisect-confirm"):
         worker_cli.handle(parser.parse_args([*base, "--bisect-confirm", "-1"]), settings)
+
+
+async def test_a_failing_resolution_raises_only_after_the_others_have_ended(
+    queue_emulator: QueueEmulator,
+    options: Options,
+    tasks: Tasks,
+    superseder: Superseder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ids = [tasks.create() for _ in range(9)]
+    superseder.lists["k"] = ids
+    ended: list[str] = []
+    async with make_shim(queue_emulator, bisecting(options, 0)) as shim:
+        real = shim.resolver.supersede
+
+        async def supersede(claim: Claim, primary: Claim, why: object) -> object:
+            if claim.task_id == ids[0]:
+                raise RuntimeError("the queue failed this call")
+            await asyncio.sleep(0.2)  # ends well after the failing one
+            done = await real(claim, primary, why)  # type: ignore[arg-type]
+            ended.append(claim.task_id)
+            return done
+
+        monkeypatch.setattr(shim.resolver, "supersede", supersede)
+        with pytest.raises(RuntimeError, match="the queue failed this call"):
+            await shim.run((await claim_work(shim))[0], Pushes(ids, first_bad=5))
+        # Pushes 2, 3, 7 and 8 were superseded before the error came out, none left running.
+        assert sorted(ended) == sorted([ids[1], ids[2], ids[6], ids[7]])

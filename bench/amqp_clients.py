@@ -39,15 +39,13 @@ from typing import Any
 
 import aio_pika
 import aiormq
-import orjson
-import taskcluster
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test suite's message builders
 
+import backlog  # noqa: E402 (bench/backlog.py)
+
 from coalescer.ingest import amqp  # noqa: E402
-from tests.conftest import make_message  # noqa: E402
-from tests.integration.test_pulse import primary_key  # noqa: E402
 
 LIMIT_S = 60.0  # per drain
 CLIENTS = ("pika", "aio-pika", "aiormq")
@@ -160,35 +158,9 @@ DRAINS: dict[str, Drain] = {
 }
 
 
-def messages(n: int) -> list[dict[str, Any]]:
-    out = []
-    for i in range(n // 3 + 1):
-        task = taskcluster.slugid.nice()
-        for state in ("pending", "running", "completed"):
-            out.append(make_message(task, state, routes=(f"coalesce.bench.key{i % 100}",)))
-    return out[:n]
-
-
 async def fill(channel: aio_pika.abc.AbstractChannel, exchange_name: str, n: int) -> float:
     exchange = await channel.get_exchange(exchange_name)
-    backlog = messages(n)
-    started = time.monotonic()
-    for start in range(0, n, 500):
-        await asyncio.gather(
-            *(
-                exchange.publish(
-                    aio_pika.Message(
-                        orjson.dumps(m["payload"]),
-                        headers={"CC": m["CC"]},
-                        content_type="application/json",
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    ),
-                    routing_key=primary_key(m),
-                )
-                for m in backlog[start : start + 500]
-            )
-        )
-    return time.monotonic() - started
+    return await backlog.publish(lambda _: exchange, backlog.messages("coalesce.bench", n))
 
 
 def load() -> str:

@@ -35,36 +35,24 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import aio_pika
 import httpx
 import orjson
-import taskcluster
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test suite's message builders and private redis-server
 
+import backlog  # noqa: E402 (bench/backlog.py: the Pulse backlog)
 from serving import coalescer_argv, redis_cpu  # noqa: E402 (bench/serving.py: the HTTP benchmarks' helpers)
 
 from coalescer.ingest.topology import bindings, dead_letter_names, queue_arguments  # noqa: E402
-from tests.conftest import make_message  # noqa: E402
-from tests.integration.test_pulse import primary_key  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 PULSE_TARGET, HTTP_TARGET = 15_000, 50_000
 LIMIT_S = 120.0
 TOKEN = "bench-" + uuid.uuid4().hex
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def messages(prefix: str, n: int) -> list[dict[str, Any]]:
-    out = []
-    for i in range(n // 3 + 1):
-        task = taskcluster.slugid.nice()
-        for state in ("pending", "running", "completed"):
-            out.append(make_message(task, state, routes=(f"{prefix}.key{i % 100}",)))
-    return out[:n]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -142,16 +130,7 @@ async def pulse_round(
                 name, aio_pika.ExchangeType.TOPIC, durable=True
             )
             await declared.bind(name, pattern)
-        for m in messages(prefix, n):
-            await exchanges[m["exchange"]].publish(
-                aio_pika.Message(
-                    orjson.dumps(m["payload"]),
-                    headers={"CC": m["CC"]},
-                    content_type="application/json",
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                ),
-                routing_key=primary_key(m),
-            )
+        await backlog.publish(lambda m: exchanges[m["exchange"]], backlog.messages(prefix, n))
         give_up = time.monotonic() + LIMIT_S
         while (
             await channel.declare_queue(queue, passive=True)
@@ -204,7 +183,7 @@ async def http_round(
     )
     proc = start("serve", env, logs / f"serve-{port}.log", code)
     try:
-        all_messages = messages(prefix, n)
+        all_messages = backlog.messages(prefix, n)
         bodies = [orjson.dumps(all_messages[i : i + batch]) for i in range(0, n, batch)]
         base = f"http://127.0.0.1:{port}"
         headers = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}

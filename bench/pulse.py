@@ -26,15 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
-import orjson
 import redis.asyncio as aioredis
-import taskcluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test suite's message builders
 
+import backlog  # bench/backlog.py
+
 from coalescer.ingest.topology import bindings, dead_letter_names, queue_arguments
-from tests.conftest import make_message
-from tests.integration.test_pulse import primary_key
 
 LIMIT_S = 50.0
 
@@ -45,29 +43,7 @@ async def publish(channel: Any, prefix: str, n: int) -> float:
         name: await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
         for name, _ in bindings(prefix)
     }
-    messages = []
-    for i in range(n // 3 + 1):
-        task = taskcluster.slugid.nice()
-        for state in ("pending", "running", "completed"):
-            messages.append(make_message(task, state, routes=(f"{prefix}.key{i % 100}",)))
-    messages = messages[:n]
-    started = time.monotonic()
-    for start in range(0, n, 500):
-        await asyncio.gather(
-            *(
-                exchanges[m["exchange"]].publish(
-                    aio_pika.Message(
-                        orjson.dumps(m["payload"]),
-                        headers={"CC": m["CC"]},
-                        content_type="application/json",
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    ),
-                    routing_key=primary_key(m),
-                )
-                for m in messages[start : start + 500]
-            )
-        )
-    return time.monotonic() - started
+    return await backlog.publish(lambda m: exchanges[m["exchange"]], backlog.messages(prefix, n))
 
 
 def start_listen(env: dict[str, str], extra: list[str], log: Path) -> subprocess.Popen[bytes]:

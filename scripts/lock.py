@@ -5,8 +5,8 @@
   platform (``--universal``). What a Heroku-style build and ``deploy/Dockerfile`` install.
 * ``constraints-lowest.txt``: the lowest-direct resolution. Every direct dependency, the test
   extra's included, at its declared lower bound (what lies beneath at the newest that allows),
-  for Linux and Python 3.11: what ``make test-lowest`` installs into ``.venv-lowest`` to run the suite
-  at the bottom of the ranges.
+  for Linux and Python 3.11: what ``make test`` installs into ``.venv-lowest`` to run the suite
+  a second time, at the bottom of the ranges.
 
     python scripts/lock.py           write both (``make lock``)
     python scripts/lock.py --check   exit 1, saying what differs, if either is out of date
@@ -53,8 +53,8 @@ HEADER = {
     ),
     "constraints-lowest.txt": (
         "# The lowest-direct resolution of pyproject.toml (the test extra included): every direct\n"
-        "# dependency at its lower bound. Made by scripts/lock.py (`make lock`); `make test-lowest`\n"
-        "# runs the suite in .venv-lowest installed under these constraints.\n"
+        "# dependency at its lower bound. Made by scripts/lock.py (`make lock`); `make test`\n"
+        "# runs the suite again in .venv-lowest, installed under these constraints.\n"
     ),
 }
 

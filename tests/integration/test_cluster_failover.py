@@ -7,7 +7,6 @@ import random
 from collections.abc import Iterator
 
 import pytest
-import redis
 
 from coalescer.model import TaskEvent
 from coalescer.store import open_store
@@ -38,9 +37,7 @@ async def test_the_store_follows_a_failover_without_a_restart(cluster: Cluster) 
         # Redis replicates asynchronously: a write a master acknowledged but its replica had
         # not received yet dies with the master (an index rebuild recovers it). Here the
         # replicas have them all before the kill, so that only the failover itself is tested.
-        for port in cluster.masters():
-            with redis.Redis(port=port) as master:
-                assert master.execute_command("WAIT", 1, 10_000) >= 1
+        cluster.replicated()
         said = cluster.kill_master()  # promoted, then the old master back as a replica
         assert "promoted" in said
         # Writes on every slot, the killed master's included, go to the new masters.

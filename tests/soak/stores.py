@@ -4,6 +4,7 @@ masters with a replica each (:class:`Cluster`); the store faults act on them."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import shutil
@@ -218,6 +219,24 @@ class Cluster:
             with self._client(port) as client:
                 client.flushall()
         return "every master flushed (the index lost)"
+
+    def replicated(self, within_ms: int = 10_000) -> None:
+        """Every write made so far on every master is held by its replica too. ``WAIT`` counts
+        the replicas that acknowledged the writes *of the connection it is sent on*, so each
+        master is first sent a write of its own (on a key of a slot it serves), then ``WAIT``
+        on that connection: the replication stream is ordered, so everything before that write
+        is covered. (``WAIT`` on a fresh connection answers at once, without waiting for a
+        replica still catching up after its sync.)"""
+        for port in self.masters():
+            with self._client(port) as client:
+                for n in itertools.count():
+                    try:  # a key of another master's slot is answered MOVED
+                        client.set(f"replicated:{{{n}}}", b"1", px=60_000)
+                        break
+                    except redis.ResponseError:
+                        continue
+                if client.execute_command("WAIT", 1, within_ms) < 1:
+                    raise RuntimeError(f"master {port}'s replica did not catch up")
 
     def kill_master(self) -> str:
         """SIGKILL a master; wait for its replica's promotion, then restart it (empty: it

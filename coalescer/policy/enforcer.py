@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from prometheus_client import Counter
 from taskcluster.exceptions import TaskclusterFailure
 
+from coalescer.concurrency import all_ended
 from coalescer.errors import StoreUnavailable
 from coalescer.policy.actions import Actions, QueueActions, Result
 from coalescer.policy.bisecting import Searcher
@@ -170,15 +171,7 @@ class Enforcer:
         # Cluster node failing over): a key's round left running would have its pending entries
         # taken up again by the next round, under the same lease (the same consumer), and its
         # actions carried out twice at once.
-        ended = await asyncio.gather(
-            *(self._bounded(self.key_round(k)) for k in busy), return_exceptions=True
-        )
-        done = 0
-        for one in ended:
-            if isinstance(one, BaseException):
-                raise one
-            done += one
-        return done
+        return sum(await all_ended(*(self._bounded(self.key_round(k)) for k in busy)))
 
     async def tick(self) -> int:
         """Re-evaluate every deciding key without an event."""

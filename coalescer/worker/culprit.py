@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from coalescer.bisection import Bisection, expiring, stand_ins
+from coalescer.concurrency import all_ended
 from coalescer.worker.claims import Claim, Clock, parse_time
 from coalescer.worker.notice import Why
 from coalescer.worker.protocol import SUPERSEDES, Outcome, Resolution, supersedes_json
@@ -283,12 +284,7 @@ class Search:
 
         # Every victim's resolution ends before an error of one is raised: none is left running
         # behind the shim's clean-up.
-        ended = await asyncio.gather(
-            *(one(v, p) for v, p in sorted(stood.items())), return_exceptions=True
-        )
-        for error in ended:
-            if isinstance(error, BaseException):
-                raise error
+        await all_ended(*(one(v, p) for v, p in sorted(stood.items())))
         for push in sorted(self.outcomes):
             by = _ref(self.claims[push])
             mine = [

@@ -108,7 +108,8 @@ async def check_queue(queue: Queue, tasks: Mapping[str, Pushed], findings: Findi
     statuses = await queue.statuses(tasks)
     told = await _told(queue)
     outcomes: Counter[str] = Counter()
-    repeated, again = 0, list[str]()
+    repeated = 0
+    again: list[str] = []  # a few of the repeats, as examples
     runs = 0
     for task_id, pushed in tasks.items():
         status = statuses.get(task_id)

@@ -9,17 +9,20 @@ first failing push is it or older; if it passes, newer. :class:`Bisection` keeps
 * :meth:`Bisection.next` says what to run (:class:`Probe`: a push and its attempt), and
   :meth:`Bisection.record` takes the result. Once ``bad - good == 1`` among the pushes still
   in the search, ``bad`` is the culprit and ``good`` the last good push.
-* A failure is confirmed by up to ``confirm`` reruns before the search narrows on it: a rerun
-  that passes makes the push *intermittent* and good. With ``confirm`` 0 every failure is
-  trusted. The primary's own failure is confirmed first (when there is anything to search): if
-  its confirmation passes, no push failed for good, and the primary's result stands for every
-  victim.
+* A failure is confirmed by reruns before the search narrows on it, as many as it takes for the
+  push to be broken with probability ``confidence`` given the key's ``flake`` rate
+  (:mod:`coalescer.verdicts`), and at most ``confirm``: a rerun that passes makes the push
+  *intermittent* and good; a push still short of ``confidence`` once the reruns are spent
+  counts as failed, and the search's verdict is then *inconclusive*. With ``confirm`` 0 every
+  failure is trusted. The primary's own failure is confirmed first (when there is anything to
+  search): if its confirmation passes, no push failed for good (the verdict is *flaky*), and
+  the primary's result stands for every victim.
 * :meth:`Bisection.drop` takes a push out of the search that gave no verdict (its claim was
   lost, its deadline came, it ended in an exception): it runs itself, stood for by nobody.
 
 Bound on the runs beyond the primary's first: each push the search probes is the middle of the
 pushes left, so at most ``ceil(log2(n + 1))`` pushes are probed; each costs one run if it
-passes, and at most ``1 + confirm`` otherwise; the primary's confirmation costs at most
+passes, and at most ``1 + confirm`` otherwise; the primary's confirmations cost at most
 ``confirm`` (:func:`max_runs`).
 
 What stands for a victim that did not run (:func:`stand_ins`): older than the last good, the
@@ -33,6 +36,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+
+from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_FLAKE, Verdict, broken_probability
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,6 +59,17 @@ class Run:
     ended: datetime | None = None
 
 
+def failures_to_believe(
+    confirm: int, confidence: float = DEFAULT_CONFIDENCE, flake: float = DEFAULT_FLAKE
+) -> int:
+    """How many failing runs in a row make a search believe a push broken: enough to reach
+    ``confidence`` at ``flake``, and at most ``1 + confirm`` (1 with ``confirm`` 0)."""
+    k = 1
+    while k <= confirm and broken_probability(k, 0, flake) < confidence:
+        k += 1
+    return k
+
+
 def max_runs(n: int, confirm: int) -> int:
     """The most runs a search over ``n`` victims makes beyond the primary's first run."""
     if n <= 0:
@@ -68,6 +84,10 @@ class Bisection:
 
     n: int
     confirm: int
+    #: How probable a failure must be a breakage before the search narrows on it.
+    confidence: float = DEFAULT_CONFIDENCE
+    #: The key's flake rate: the share of a good push's runs that fail all the same.
+    flake: float = DEFAULT_FLAKE
     good: int = -1
     bad: int = 0
     runs: list[Run] = dataclasses.field(default_factory=list)
@@ -77,21 +97,51 @@ class Bisection:
     intermittent: set[int] = dataclasses.field(default_factory=set)
     #: Pushes with a verdict: True passed, False failed.
     verdicts: dict[int, bool] = dataclasses.field(default_factory=dict)
+    #: Failed pushes whose reruns were spent short of ``confidence``.
+    unsure: set[int] = dataclasses.field(default_factory=set)
     #: The push being run and the failures it has had so far, awaiting a confirmation.
     _failures: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
 
     @classmethod
-    def start(cls, n: int, confirm: int = 1, ended: datetime | None = None) -> Bisection:
+    def start(
+        cls,
+        n: int,
+        confirm: int = 1,
+        ended: datetime | None = None,
+        *,
+        confidence: float = DEFAULT_CONFIDENCE,
+        flake: float = DEFAULT_FLAKE,
+    ) -> Bisection:
         """The search once the primary's first run failed (``ended`` then)."""
         if n < 0 or confirm < 0:
             raise ValueError("n and confirm must be >= 0")
-        search = cls(n=n, confirm=confirm, bad=n)
+        if not 0 < confidence < 1 or not 0 < flake < 1:
+            raise ValueError("confidence and flake must be between 0 and 1, exclusive")
+        search = cls(n=n, confirm=confirm, confidence=confidence, flake=flake, bad=n)
         search.runs.append(Run(n, 0, False, ended))
-        if confirm and n:
-            search._failures[n] = 1
+        if n:
+            search._failed(n, 1)
         else:
             search.verdicts[n] = False
         return search
+
+    def probability(self, index: int) -> float:
+        """The probability that push ``index`` is broken, from its runs so far."""
+        fails = sum(1 for r in self.runs if r.index == index and not r.passed)
+        passes = sum(1 for r in self.runs if r.index == index and r.passed)
+        return broken_probability(fails, passes, self.flake)
+
+    def _failed(self, index: int, failures: int) -> None:
+        """Push ``index`` has failed ``failures`` runs in a row: confirm it again, or settle."""
+        if not self.confirm:
+            self._verdict(index, False)  # trusted, as asked
+        elif broken_probability(failures, 0, self.flake) >= self.confidence:
+            self._verdict(index, False)
+        elif failures <= self.confirm:
+            self._failures[index] = failures
+        else:
+            self.unsure.add(index)
+            self._verdict(index, False)
 
     @property
     def candidates(self) -> list[int]:
@@ -128,12 +178,7 @@ class Bisection:
                 self.intermittent.add(index)
             self._verdict(index, True)
             return
-        failures = self._failures.get(index, 0) + 1
-        if failures <= self.confirm:
-            self._failures[index] = failures
-            return
-        self._failures.pop(index, None)
-        self._verdict(index, False)
+        self._failed(index, self._failures.pop(index, 0) + 1)
 
     def _verdict(self, index: int, passed: bool) -> None:
         self.verdicts[index] = passed
@@ -163,6 +208,25 @@ class Bisection:
         if not self.done or self.verdicts.get(self.n) is not False:
             return None
         return self.bad
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """How the search ended (None while it runs): a culprit sure enough, *flaky* (the
+        primary's failure did not come back) or *inconclusive* (the culprit's failure not sure
+        enough once its reruns were spent, or the primary taken out of the search)."""
+        if not self.done:
+            return None
+        if self.verdicts.get(self.n) is True:
+            return Verdict.FLAKY
+        culprit = self.culprit
+        if culprit is None or culprit in self.unsure or (self.confirm and self.n in self.unsure):
+            return Verdict.INCONCLUSIVE
+        return Verdict.CULPRIT
+
+    @property
+    def named(self) -> int | None:
+        """The culprit to blame: :attr:`culprit` when the verdict is :attr:`Verdict.CULPRIT`."""
+        return self.culprit if self.verdict is Verdict.CULPRIT else None
 
     @property
     def last_good(self) -> int | None:

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coalescer.bisection import Bisection, Probe, expiring, max_runs, stand_ins
+from coalescer.bisection import (
+    Bisection,
+    Probe,
+    expiring,
+    failures_to_believe,
+    max_runs,
+    stand_ins,
+)
+from coalescer.verdicts import Verdict
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
 
@@ -21,11 +29,12 @@ def search(
     confirm: int,
     spurious: frozenset[tuple[int, int]] = frozenset(),
     drops: dict[int, int] | None = None,
+    flake: float = 0.05,
 ) -> Bisection:
     """Run a search where every push from ``first_bad`` on fails (``n + 1``: none does; the
     primary's first failure was then intermittent), ``spurious`` ``(push, attempt)`` runs fail
     although the push is good, and ``drops`` maps a step to a push taken out before it."""
-    found = Bisection.start(n, confirm, T0)
+    found = Bisection.start(n, confirm, T0, flake=flake)
     step = 0
     while (probe := found.next()) is not None:
         victim = (drops or {}).get(step)
@@ -40,20 +49,27 @@ def search(
     return found
 
 
+Case = tuple[int, int, int, frozenset[tuple[int, int]], dict[int, int], float]
+
+
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[int, int, int, frozenset[tuple[int, int]], dict[int, int]]:
+def cases(draw: st.DrawFn) -> Case:
     n = draw(st.integers(0, 32))
     confirm = draw(st.integers(0, 3))
+    flake = draw(st.sampled_from([0.01, 0.05, 0.1, 0.2, 0.4]))
+    # Failures in a row the search needs to believe a push broken (at this flake rate, within
+    # its reruns); fewer are told apart from a breakage by the next run passing.
+    doubt = failures_to_believe(confirm, flake=flake) - 1
     # n + 1: nothing fails for good, the primary's failure was intermittent (needs a
     # confirmation to be told apart, and victims to search).
-    top = n + 1 if confirm and n else n
+    top = n + 1 if doubt and n else n
     first_bad = draw(st.integers(0, top))
-    # Intermittent failures of good pushes, at most ``confirm`` in a row for one push: more
+    # Intermittent failures of good pushes, at most ``doubt`` in a row for one push: more
     # would be indistinguishable from a real failure.
     spurious = draw(
         st.frozensets(
-            st.tuples(st.integers(0, n), st.integers(0, max(0, confirm - 1))).filter(
-                lambda ia: ia[0] < first_bad and ia[1] < confirm
+            st.tuples(st.integers(0, n), st.integers(0, max(0, doubt - 1))).filter(
+                lambda ia: ia[0] < first_bad and ia[1] < doubt
             ),
             max_size=40,
         )
@@ -61,16 +77,14 @@ def cases(draw: st.DrawFn) -> tuple[int, int, int, frozenset[tuple[int, int]], d
     drops = draw(st.dictionaries(st.integers(0, 12), st.integers(0, max(0, n - 1)), max_size=4))
     if n == 0:
         drops = {}
-    return n, first_bad, confirm, spurious, drops
+    return n, first_bad, confirm, spurious, drops, flake
 
 
 @settings(max_examples=600, deadline=None)
 @given(cases())
-def test_the_culprit_is_always_the_first_failing_push_within_the_bound(
-    case: tuple[int, int, int, frozenset[tuple[int, int]], dict[int, int]],
-) -> None:
-    n, first_bad, confirm, spurious, drops = case
-    found = search(n, first_bad, confirm, spurious, drops)
+def test_the_culprit_is_always_the_first_failing_push_within_the_bound(case: Case) -> None:
+    n, first_bad, confirm, spurious, drops, flake = case
+    found = search(n, first_bad, confirm, spurious, drops, flake)
     runs = found.runs
     extra = len(runs) - 1
 
@@ -91,12 +105,18 @@ def test_the_culprit_is_always_the_first_failing_push_within_the_bound(
     if first_bad == n + 1:
         # The primary's failure did not come back: it stands for every victim, none ran.
         assert found.culprit is None and found.intermittent == {n}
+        assert found.verdict is Verdict.FLAKY and found.named is None
         assert probed == set() and stood == {i: n for i in range(n) if i not in found.dropped}
         return
     culprit, good = found.culprit, found.last_good
     assert culprit is not None
     assert culprit >= first_bad  # truly failing: an intermittent failure is never blamed
     assert found.verdicts[culprit] is False and culprit not in found.intermittent
+    # Named only when its failures reached the confidence, or were trusted (confirm 0; no
+    # victims, nothing searched).
+    sure = found.probability(culprit) >= found.confidence or not confirm or not n
+    assert (found.named == culprit) is (sure and not found.unsure)
+    assert found.verdict is (Verdict.CULPRIT if found.named is not None else Verdict.INCONCLUSIVE)
     # Nothing between the last good and the culprit is left but pushes taken out.
     below = -1 if good is None else good
     assert below < first_bad
@@ -189,3 +209,34 @@ def test_expiring_deadlines() -> None:
     deadlines = {0: T0 + timedelta(minutes=5), 1: T0 + timedelta(hours=2), 2: T0}
     assert expiring(deadlines, T0, timedelta(minutes=10)) == [0, 2]
     assert expiring(deadlines, T0, timedelta(0)) == [2]
+
+
+def test_a_flakier_key_confirms_a_failure_more_often() -> None:
+    # At 2% two failures are sure enough (one confirmation); at 20%, three.
+    assert failures_to_believe(3, 0.99, 0.02) == 2
+    assert failures_to_believe(3, 0.99, 0.1) == 2
+    assert failures_to_believe(3, 0.99, 0.2) == 3
+    assert failures_to_believe(1, 0.99, 0.2) == 2  # no more than the reruns allowed
+    assert failures_to_believe(0, 0.99, 0.2) == 1  # confirm 0: every failure trusted
+    steady = search(8, 5, 3, flake=0.02)
+    flaky = search(8, 5, 3, flake=0.2)
+    assert steady.named == flaky.named == 5
+    # One more rerun for each failure believed: the primary's and the culprit's.
+    assert len(flaky.runs) - len(steady.runs) == 2
+
+
+def test_a_flaky_primary_blames_nobody() -> None:
+    # A 10%-flaky key: the newest push fails, and passes when run again.
+    found = Bisection.start(6, 3, T0, flake=0.1)
+    assert found.next() == Probe(6, 1)
+    found.record(6, True)
+    assert found.done and found.verdict is Verdict.FLAKY
+    assert found.culprit is None and found.named is None and found.intermittent == {6}
+
+
+def test_reruns_spent_short_of_the_confidence_leave_it_inconclusive() -> None:
+    # At 40% flaky, two failures in a row are not enough: the culprit is a suspect only.
+    found = search(4, 2, 1, flake=0.4)
+    assert found.done and found.culprit == 2
+    assert found.probability(2) < found.confidence
+    assert found.verdict is Verdict.INCONCLUSIVE and found.named is None

@@ -99,6 +99,8 @@ class Bisection:
     verdicts: dict[int, bool] = dataclasses.field(default_factory=dict)
     #: Failed pushes whose reruns were spent short of ``confidence``.
     unsure: set[int] = dataclasses.field(default_factory=set)
+    #: Failed pushes believed without their confirmation (:meth:`trust`).
+    trusted: set[int] = dataclasses.field(default_factory=set)
     #: The push being run and the failures it has had so far, awaiting a confirmation.
     _failures: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
 
@@ -189,6 +191,16 @@ class Bisection:
         else:
             self.bad = min(self.bad, index)
 
+    def trust(self, index: int) -> None:
+        """Believe the failure of push ``index`` that awaits a confirmation as it stands (the
+        queue would not run it again): no run, the push failed."""
+        probe = self.next()
+        if probe is None or probe.index != index or not probe.attempt:
+            raise ValueError(f"push {index} awaits no confirmation ({probe})")
+        self._failures.pop(index)
+        self.trusted.add(index)
+        self._verdict(index, False)
+
     def drop(self, index: int) -> None:
         """Take push ``index`` out of the search: it gave no verdict and runs itself."""
         if index in self.verdicts:
@@ -263,6 +275,25 @@ def stand_ins(search: Bisection) -> dict[int, int]:
         elif i > search.bad:
             found[i] = search.bad
     return found
+
+
+def contradicted(
+    good: float | None, culprit: float, known: Mapping[str, tuple[float, str]]
+) -> list[str]:
+    """The tasks whose own result contradicts a culprit at order ``culprit`` with the last good
+    at order ``good`` (None: none): tasks of the key that failed or are running outside the
+    search (on another worker, or by themselves), ordered below the culprit and above the
+    newest task known to pass below it. With any, the culprit may not be the first failing
+    push after a passing one, whatever the search's own runs said. ``known``: taskId -> (order, state), as the index
+    holds them."""
+    low = float("-inf") if good is None else good
+    passed = [order for order, state in known.values() if state == "completed" and order < culprit]
+    floor = max([low, *passed])
+    return sorted(
+        task_id
+        for task_id, (order, state) in known.items()
+        if state in ("failed", "running") and floor < order < culprit
+    )
 
 
 def expiring(deadlines: Mapping[int, datetime], now: datetime, margin: timedelta) -> list[int]:

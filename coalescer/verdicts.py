@@ -44,6 +44,9 @@ FLAKE_PRIOR = (1.0, 19.0)
 DEFAULT_FLAKE = FLAKE_PRIOR[0] / (FLAKE_PRIOR[0] + FLAKE_PRIOR[1])
 #: Default ``bisect-confidence``: how probable a failure must be a breakage to be believed.
 DEFAULT_CONFIDENCE = 0.99
+#: Default ``bisect-confirm``: the most reruns confirming one failure. Spent only as needed:
+#: on a key failing up to 10% of its good runs, one.
+DEFAULT_CONFIRM = 3
 
 
 class Verdict(enum.StrEnum):

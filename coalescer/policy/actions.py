@@ -41,6 +41,8 @@ RESOLVED = frozenset({"completed", "failed", "exception"})
 MAX_DEFINITION_BYTES = 64 << 10
 #: Resolutions that ``public/superseded-by.json`` follows (see :class:`Superseding`).
 _LINKED_AFTER = frozenset({"superseded", "canceled"})
+#: The priority a bisection's probes and confirmations run at.
+PROBE_PRIORITY = "highest"
 #: Dependents canceled per victim at most (a cascade is a task graph, not the whole queue).
 MAX_CASCADE = 1000
 
@@ -74,6 +76,8 @@ class QueueActions(Protocol):
     async def renew(self, victim: str) -> Result: ...
 
     async def rerun(self, task_id: str, after_run: int) -> Result: ...
+
+    async def prioritize(self, task_id: str) -> Result: ...
 
 
 def definition_json(task: Mapping[str, Any]) -> str:
@@ -257,6 +261,23 @@ class Actions:
             return Result("gone" if status == 409 else "refused")
         log.info("%s runs again, to confirm the failure of its run %d", task_id, after_run)
         return Result("rerun")
+
+    async def prioritize(self, task_id: str) -> Result:
+        """Move an unresolved task to the front of its task queue (``changeTaskPriority`` to
+        ``highest``: a bisection's probe or confirmation, which a sheriff waits for, should not
+        wait behind the backlog): ``raised`` (or already so), ``refused`` when the queue or the
+        credentials do not offer it (401, 403: the scope
+        ``queue:change-task-priority:<taskId>``; 404: a queue without the method), ``gone``
+        when the task is resolved already (409)."""
+        try:
+            await self.queue.changeTaskPriority(task_id, {"newPriority": PROBE_PRIORITY})
+        except TaskclusterFailure as exc:
+            status = http_status(exc)
+            if status not in (401, 403, 404, 409):
+                raise
+            log.debug("changeTaskPriority %s: HTTP %s: %s", task_id, status, exc)
+            return Result("gone" if status == 409 else "refused")
+        return Result("raised")
 
     async def cancel(self, entry: Entry, run: Mapping[str, Any] | None = None) -> Result:
         """Cancel a running victim, unless it has run longer than the rule protects. Its worker

@@ -6,7 +6,9 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
 (``co:{K}:bs``, JSON)::
 
     {"primary", "primaryRun", "rule", "cascade", "protect", "supersedeRunning",
-     "confirm": reruns confirming a failure (bisect-confirm; 0 when absent),
+     "confirm": the most reruns confirming a failure (bisect-confirm; 0 when absent),
+     "confidence": how probable a failure must be a breakage (bisect-confidence),
+     "flake": the key's flake rate, estimated from its findings at the search's first step,
      "deadline": ms (the primary's), "ended": ms,
      "longest": ms (the longest run seen, the primary's first),
      "victims": [[taskId, heldRunId, deadline_ms], ...]   (oldest first),
@@ -14,19 +16,26 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
                   "trusted": true (a failure not confirmed: no scope to rerun; optional)}, ...],
      "probe": {"i", "run", "since", "attempt"} | null}
 
-The search is the record replayed into a :class:`~coalescer.bisection.Bisection`. Each step of
+The search is the record replayed into a :class:`~coalescer.bisection.Bisection`, with the
+key's flake rate (:func:`coalescer.verdicts.flake_rate` of its recent findings) written into
+the record once, at the search's first step, so that every step weighs failures alike. Each
+step of
 :meth:`Searcher.carry_on` reads it, decides one thing and writes the new record with the
 victims' lineage changes in one compare-and-set (``settle.lua``'s ``search`` mode); the queue
 call follows, and is repeated harmlessly until its effect is seen. So an event seen twice, a
 step taken twice, or an enforcer that dies between two steps changes nothing or resumes.
 
+* Probes and confirmations jump the queue: right after a victim is released or a task rerun
+  for the search, its priority is raised to ``highest`` (``changeTaskPriority``). A queue or
+  credentials without it (401, 403, 404) leave the priority as it is, said once in the log.
 * A probe (``attempt`` 0): the middle victim is released (``reportException worker-shutdown``:
   a new pending run, which a worker runs) and becomes ``probing``; its lineage hides it from
   decisions, so it is not superseded again. Its result is the index's record of a newer run:
   ``completed`` passes, ``failed`` fails, ``exception`` (or its deadline passed) drops it from
   the search.
 * A confirmation (``attempt`` k > 0, ``bisect-confirm`` >= k): a failure the search would
-  narrow on (the primary's, a probe's) is run again (``rerunTask``, a new run of the resolved
+  narrow on (the primary's, a probe's), not yet ``confidence`` probably a breakage, is run
+  again (``rerunTask``, a new run of the resolved
   task) before it is believed; its result is the index's record of a run newer than the failed
   one, as a probe's. ``failed`` again: the failure stands; ``completed``: it was intermittent,
   the push is good. The primary stays hidden from decisions while its search is under way
@@ -38,7 +47,10 @@ step taken twice, or an enforcer that dies between two steps changes nothing or 
 * At the end every victim that did not run is superseded by the run whose result stands for it
   (outbox ``supersede`` entries, carried out as any other), those nothing stands for are
   released, and the finding is recorded (:func:`coalescer.store.bisections.record`), its
-  intermittent failures included.
+  intermittent failures included, with its ``verdict`` (``culprit``, ``flaky``: the primary's
+  failure did not come back, or ``inconclusive``: the culprit's failure not sure enough once
+  its reruns were spent; then the finding names it ``suspect``, not ``culprit``) and the
+  ``probability`` that the push it names is broken.
 """
 
 from __future__ import annotations
@@ -50,28 +62,39 @@ from typing import Any
 
 import orjson
 
-from coalescer import observe
-from coalescer.bisection import Bisection, stand_ins
+from coalescer import observe, verdicts
+from coalescer.bisection import Bisection, contradicted, stand_ins
 from coalescer.model import format_time_ms
 from coalescer.policy.actions import QueueActions
 from coalescer.store import Store, bisections
 from coalescer.store import lineage as records
 from coalescer.store import policy as outbox
+from coalescer.verdicts import Verdict
 
 log = logging.getLogger("coalescer.policy")
 
 #: Steps one call takes at most (a search takes a few per probe).
 MAX_STEPS = 64
+#: The key's findings its flake rate is estimated from (the newest).
+FLAKES = 50
 BY = "coalescer enforce"
 
 
 def replay(doc: Mapping[str, Any]) -> Bisection:
     """The search as its record says it stands."""
     confirm = int(doc.get("confirm", 0))
-    search = Bisection.start(len(doc["victims"]), confirm, _when(doc["ended"]))
+    search = Bisection.start(
+        len(doc["victims"]),
+        confirm,
+        _when(doc["ended"]),
+        confidence=float(doc.get("confidence", verdicts.DEFAULT_CONFIDENCE)),
+        flake=float(doc.get("flake", verdicts.DEFAULT_FLAKE)),
+    )
     for result in doc["results"]:
         if result["passed"] is None:
             search.drop(result["i"])
+        elif result.get("trusted"):
+            search.trust(result["i"])
         else:
             search.record(result["i"], result["passed"], _when(result["ended"]))
     return search
@@ -118,6 +141,8 @@ class Searcher:
         self.now_ms = now_ms
         #: Whether the queue refused a rerun for lack of scope (said once in the log).
         self.refused = False
+        #: Whether the queue refused to raise a priority (said once in the log).
+        self.unraised = False
 
     async def carry_on(self, key: str, primary: str) -> int:
         """Take every step of ``primary``'s search that can be taken now; how many."""
@@ -131,6 +156,10 @@ class Searcher:
 
     async def _step(self, key: str, primary: str, raw: str) -> bool:
         doc = orjson.loads(raw)
+        if "flake" not in doc:
+            # Once, before anything runs: the key's flake rate from what its searches saw.
+            doc["flake"] = verdicts.flake_rate(await bisections.recent(self.store, key, FLAKES))
+            return await self._write(key, primary, raw, doc, [])
         search = replay(doc)
         now = self.now_ms()
         if doc["probe"] is not None:
@@ -180,6 +209,7 @@ class Searcher:
         if not await self._write(key, primary, raw, doc, [move]):
             return True  # taken meanwhile: look again
         await self.actions.release(self._entry(key, doc, victim, run))
+        await self._raise(primary, victim)
         log.info(
             "bisection after %s: %s runs (push %d of %d)",
             primary,
@@ -230,6 +260,7 @@ class Searcher:
         task_id = _task(doc, i)
         done = await self.actions.rerun(task_id, run)
         if done.state == "rerun":
+            await self._raise(primary, task_id)
             return None
         if done.state == "refused":
             if not self.refused:
@@ -249,6 +280,20 @@ class Searcher:
             task_id,
         )
         return await self._result(key, primary, raw, doc, i, run, attempt, None, now)
+
+    async def _raise(self, primary: str, task_id: str) -> None:
+        """Move the search's run of ``task_id`` to the front of its task queue."""
+        done = await self.actions.prioritize(task_id)
+        if done.state == "refused" and not self.unraised:
+            self.unraised = True
+            log.warning(
+                "bisection after %s: the queue did not raise the priority of %s (the "
+                "enforcer's credentials need queue:change-task-priority:<taskId>, on a queue "
+                "that offers changeTaskPriority): probes wait in the queue like any task; "
+                "said once",
+                primary,
+                task_id,
+            )
 
     async def _await_probe(
         self, key: str, primary: str, raw: str, doc: dict[str, Any], now: int
@@ -337,6 +382,26 @@ class Searcher:
 
         stood = stand_ins(search)
         culprit, good = search.culprit, search.last_good
+        verdict, named = search.verdict, search.named
+        if named is not None:
+            # The search ran only what the primary held: a push between the last good and the
+            # culprit that has a result of its own elsewhere makes the culprit unsure.
+            known = {
+                r.task_id: (r.order, r.state) for r in (await self.store.all_known(key)).values()
+            }
+
+            def order(i: int) -> float:
+                return known.get(_task(doc, i), (float("nan"), ""))[0]
+
+            against = contradicted(None if good is None else order(good), order(named), known)
+            if against:
+                verdict, named = Verdict.INCONCLUSIVE, None
+                log.info(
+                    "bisection after %s: %s ran outside the search, between the last good and "
+                    "the first failing push it found: inconclusive",
+                    primary,
+                    ", ".join(against[:5]),
+                )
         intermittent_primary = search.verdicts.get(n) is True
         moves: list[outbox.Move] = []
         stands_for: list[dict[str, Any]] = []
@@ -381,7 +446,11 @@ class Searcher:
             "by": BY,
             "primary": ref(n, int(doc["primaryRun"])),
             "held": n,
-            "culprit": None if culprit is None else ref(culprit),
+            "verdict": str(verdict),
+            "culprit": None if named is None else ref(named),
+            "suspect": None if culprit is None or culprit == named else ref(culprit),
+            "probability": None if culprit is None else round(search.probability(culprit), 6),
+            "flake": round(search.flake, 6),
             "lastGood": None if good is None else ref(good),
             "runs": [ref(n, int(doc["primaryRun"])) | first]
             + [
@@ -403,22 +472,27 @@ class Searcher:
             return True
         observe.bisection_recorded(finding, "enforcer")
         if culprit is not None:
+            named = finding["culprit"] or finding["suspect"]
             log.info(
-                "culprit located: task %s run %d is the first failing of %d tasks held by %s; "
-                "last good %s; %d extra runs, %d intermittent",
-                finding["culprit"]["taskId"],
-                finding["culprit"]["runId"],
+                "%s: task %s run %d is the first failing of %d tasks held by %s "
+                "(broken with probability %.4f at a flake rate of %.3f); last good %s; "
+                "%d extra runs, %d intermittent",
+                "culprit located" if finding["culprit"] else "inconclusive, suspect",
+                named["taskId"],
+                named["runId"],
                 n,
                 primary,
+                finding["probability"],
+                search.flake,
                 "none" if good is None else f"task {victims[good][0]} run {verdict_runs[good]}",
                 len(ran),
                 len(search.intermittent),
-                extra={"task_id": finding["culprit"]["taskId"]},
+                extra={"task_id": named["taskId"]},
             )
         elif intermittent_primary:
             log.info(
-                "bisection after %s: its failure did not come back when it ran again; it "
-                "stands for the %d tasks it held",
+                "bisection after %s: flaky, no push to blame: its failure did not come back "
+                "when it ran again; it stands for the %d tasks it held",
                 primary,
                 n,
             )

@@ -13,7 +13,9 @@ decides how that key supersedes. A key no rule matches keeps today's protocol (`
         size: 0                              #   waited > age s and > size tasks are pending
         on-primary-failure: supersede        # or release: hold victims until the primary ends;
                                              #   or bisect: search them for the first failure
-        bisect-confirm: 1                    # with bisect: reruns confirming a failure
+        bisect-confirm: 3                    # with bisect: the most reruns confirming a failure
+        bisect-confidence: 0.99              # with bisect: rerun a failure until it is this
+                                             #   probably a breakage (coalescer.verdicts)
         cascade: cancel                      # or leave: what happens to a victim's dependents
 
 Globs match dotted keys: ``*`` matches within one word, ``**`` across words, ``?`` one
@@ -34,6 +36,7 @@ from typing import Any, TypeVar
 import yaml
 
 from coalescer.errors import ConfigError
+from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_CONFIRM
 
 E = TypeVar("E", bound=enum.StrEnum)
 
@@ -55,7 +58,8 @@ class PrimaryFailure(enum.StrEnum):
     when it completes, released (retried) when it fails or ends in exception.
     ``bisect``: victims are held as with ``release``; when the primary fails, a few of them
     run to locate the first failing push (:mod:`coalescer.bisection`), each failure confirmed
-    by ``bisect-confirm`` reruns, and the rest are superseded by the result that stands for
+    until it is ``bisect-confidence`` probably a breakage (at most ``bisect-confirm`` reruns),
+    and the rest are superseded by the result that stands for
     them."""
 
     SUPERSEDE = "supersede"
@@ -84,8 +88,10 @@ class Rule:
     size: int | None = None
     on_primary_failure: PrimaryFailure = PrimaryFailure.SUPERSEDE
     cascade: Cascade = Cascade.CANCEL
-    #: With ``on-primary-failure: bisect``: reruns that confirm a failure (0: trust it).
-    bisect_confirm: int = 1
+    #: With ``on-primary-failure: bisect``: the most reruns confirming a failure (0: trust it).
+    bisect_confirm: int = DEFAULT_CONFIRM
+    #: With ``on-primary-failure: bisect``: how probable a failure must be a breakage.
+    bisect_confidence: float = DEFAULT_CONFIDENCE
 
     @property
     def decides(self) -> bool:
@@ -105,8 +111,10 @@ class Rule:
             # bisect, its failure starts a search over them (coalescer.policy.bisecting).
             _HOLD[self.on_primary_failure],
             str(self.cascade),
-            # With bisect: reruns confirming each failure the search would narrow on.
+            # With bisect: reruns confirming each failure the search would narrow on, and the
+            # confidence they aim for (coalescer.verdicts).
             self.bisect_confirm if self.on_primary_failure is PrimaryFailure.BISECT else 0,
+            repr(self.bisect_confidence),
         ]
 
 
@@ -175,6 +183,7 @@ _FIELDS = {
     "size",
     "on-primary-failure",
     "bisect-confirm",
+    "bisect-confidence",
     "cascade",
 }
 _DECIDING_ONLY = _FIELDS - {"keys", "name", "strategy"}
@@ -236,11 +245,19 @@ def _rule(item: Any, where: str, number: int) -> Rule:
     on_failure = _choice(
         item.get("on-primary-failure", "supersede"), PrimaryFailure, "on-primary-failure", where
     )
-    confirm = item.get("bisect-confirm", 1)
-    if "bisect-confirm" in item and on_failure is not PrimaryFailure.BISECT:
-        raise ConfigError(f"{where}: 'bisect-confirm' only applies to on-primary-failure: bisect")
+    for field in ("bisect-confirm", "bisect-confidence"):
+        if field in item and on_failure is not PrimaryFailure.BISECT:
+            raise ConfigError(f"{where}: '{field}' only applies to on-primary-failure: bisect")
+    confirm = item.get("bisect-confirm", DEFAULT_CONFIRM)
     if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
         raise ConfigError(f"{where}: 'bisect-confirm' must be a whole number >= 0")
+    confidence = item.get("bisect-confidence", DEFAULT_CONFIDENCE)
+    if (
+        isinstance(confidence, bool)
+        or not isinstance(confidence, int | float)
+        or not 0.5 <= confidence < 1
+    ):
+        raise ConfigError(f"{where}: 'bisect-confidence' must be a number from 0.5 to below 1")
     return Rule(
         name=name,
         patterns=patterns,
@@ -252,6 +269,7 @@ def _rule(item: Any, where: str, number: int) -> Rule:
         on_primary_failure=on_failure,
         cascade=_choice(item.get("cascade", "cancel"), Cascade, "cascade", where),
         bisect_confirm=confirm,
+        bisect_confidence=float(confidence),
     )
 
 
@@ -332,7 +350,9 @@ def describe(policy: Policy) -> list[str]:
                 bits.append(f"age>{(rule.age_ms or 0) / 1000:g}s size>{rule.size or 0}")
             bits.append(f"on primary failure {rule.on_primary_failure}")
             if rule.on_primary_failure is PrimaryFailure.BISECT:
-                bits.append(f"bisect confirm {rule.bisect_confirm}")
+                bits.append(
+                    f"bisect confirm {rule.bisect_confirm}, confidence {rule.bisect_confidence:g}"
+                )
             bits.append(f"cascade {rule.cascade}")
         lines.append(f"{rule.name}: {', '.join(rule.patterns)} -> {'; '.join(bits)}")
     return lines

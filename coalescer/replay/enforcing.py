@@ -38,9 +38,10 @@ from datetime import UTC, datetime
 import orjson
 
 from coalescer.model import parse_time_ms
-from coalescer.policy.actions import Result
+from coalescer.policy.actions import PROBE_PRIORITY, Result
 from coalescer.policy.enforcer import Enforcer
 from coalescer.replay import pool as model
+from coalescer.replay.history import priority_rank
 from coalescer.store import Store, bisections
 from coalescer.store import policy as outbox
 from coalescer.store.policy import Entry
@@ -117,6 +118,14 @@ class PoolActions:
             return Result("gone")
         pool.rerun(i, self.now_ms)
         return Result("rerun")
+
+    async def prioritize(self, task_id: str) -> Result:
+        assert self.pool is not None, "PoolActions used outside Pool.run"
+        i = self.pool.pos[task_id]
+        if self.pool.out.state[i] in model.RESOLVED:
+            return Result("gone")
+        self.pool.prioritize(i, priority_rank(PROBE_PRIORITY))
+        return Result("raised")
 
     async def cancel(self, entry: Entry) -> Result:
         pool, i, primary = self._at(entry)
@@ -212,5 +221,6 @@ class PoolEnforcer:
                 started_ms=started_ms,
                 ended_ms=parse_time_ms(finding["located"]),
                 runs=int(finding["extraRuns"]),
+                suspect=index(finding.get("suspect")),
             )
         )

@@ -157,11 +157,12 @@ def summarize(
     start = tasks[0].scheduled_ms
     states = out.state
     wrong = 0
-    #: A culprit stands for the pushes between it and the failed primary of its bisection.
+    #: A culprit (or an inconclusive search's suspect) stands for the pushes between it and
+    #: the failed primary of its bisection.
     culprits: dict[int, list[int]] = defaultdict(list)
     for search in out.searches:
-        if search.culprit >= 0:
-            culprits[search.culprit].append(search.primary)
+        if (stand_in := max(search.culprit, search.suspect)) >= 0:
+            culprits[stand_in].append(search.primary)
 
     def place(i: int) -> tuple[float, str]:
         return tasks[i].order, tasks[i].task_id

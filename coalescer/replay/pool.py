@@ -112,6 +112,9 @@ class Search:
     started_ms: int
     ended_ms: int
     runs: int
+    #: With an inconclusive verdict, the first failing push it found (stands for the newer
+    #: pushes as a culprit does, but is not named).
+    suspect: int = -1
 
 
 @dataclasses.dataclass(slots=True)
@@ -214,6 +217,7 @@ class Pool:
         self.enforcer_holds: set[int] = set()
         self.by_enforcer: set[int] = set()
         self.since = [-1] * n  # when each task's current run became pending
+        self.priority = [t.priority for t in self.tasks]  # changeTaskPriority changes it
         self.executions = [0] * n  # runs of each task's command so far (its draws)
         #: Secondaries released after their primary failed, whose run will be an extra one.
         self.after_failure: set[int] = set()
@@ -261,18 +265,23 @@ class Pool:
             self.index.record(task, self.out.runs[i] - 1, state, now, self.since[i], reason)
 
     def _pending(self, now: int, i: int) -> None:
-        task = self.tasks[i]
         self.out.state[i] = State.PENDING
         if self.out.pending_ms[i] < 0:
             self.out.pending_ms[i] = now
         self.since[i] = now
         self.out.runs[i] += 1
-        self.seq += 1
-        heapq.heappush(
-            self.queues[task.task_queue], (-task.priority, now, self.seq, i, self.out.runs[i])
-        )
+        self._queue(i)
         self.pending += 1
         self._record(i, "pending", now)
+
+    def _queue(self, i: int) -> None:
+        """Task ``i``'s pending run in its task queue: by priority, then since when pending
+        (an entry left behind by a change of priority is skipped when it comes up)."""
+        self.seq += 1
+        heapq.heappush(
+            self.queues[self.tasks[i].task_queue],
+            (-self.priority[i], self.since[i], self.seq, i, self.out.runs[i]),
+        )
 
     def _leave(self, i: int, state: State, now: int) -> None:
         self.out.state[i] = state
@@ -333,6 +342,13 @@ class Pool:
         self.progress(-1)
         self.after_failure.add(i)
         self._pending(now, i)
+
+    def prioritize(self, i: int, priority: int) -> None:
+        """``changeTaskPriority``: task ``i`` (and its later runs) at ``priority``; a pending
+        run moves to its new place in the queue at once."""
+        self.priority[i] = priority
+        if self.out.state[i] == State.PENDING:
+            self._queue(i)
 
     def cancel(self, i: int, primary: int, now: int, state: State = State.CANCELED) -> None:
         """``cancelTask`` on a task running on a worker. A canceled primary's worker stops at

@@ -28,6 +28,7 @@ from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, Pool
 from coalescer.store import Store
 from coalescer.store.replay import apply_and_ask, drop, drop_census, holds_nothing
+from coalescer.verdicts import DEFAULT_CONFIRM
 
 #: The service's default cap on an answer's length.
 CAP = 32
@@ -57,7 +58,7 @@ class Config:
     rules: Policy | None = None
     label: str = ""
     on_failure: PrimaryFailure | None = None
-    bisect_confirm: int = 1
+    bisect_confirm: int = DEFAULT_CONFIRM
 
     @property
     def on_arrival(self) -> bool:
@@ -73,7 +74,7 @@ class Config:
         age = "" if self.age is None else f" age>{self.age}s"
         size = "" if self.size is None else f" size>{self.size}"
         failure = "" if self.on_failure is None else f", {self.on_failure}"
-        if self.on_failure is PrimaryFailure.BISECT and self.bisect_confirm != 1:
+        if self.on_failure is PrimaryFailure.BISECT and self.bisect_confirm != DEFAULT_CONFIRM:
             failure += f" confirm {self.bisect_confirm}"
         if self.strategy in POLICIES:
             return self.strategy + age + size + failure
@@ -84,7 +85,7 @@ class Config:
         """``off``; ``on-claim``, ``latest-wins`` or ``first-wins``, each optionally followed
         by ``,age=S,size=N``; or ``age=S,size=N`` alone (on claim). Either threshold may be
         left out. Any but ``off`` may add ``,on-primary-failure=supersede|release|bisect``
-        and, with ``bisect``, ``,bisect-confirm=N`` (reruns confirming a failure, 1 by
+        and, with ``bisect``, ``,bisect-confirm=N`` (the most reruns confirming a failure, 3 by
         default): the worker's search on claim, the enforcer's with ``latest-wins`` and
         ``first-wins``."""
         parts = [p.strip() for p in text.split(",")]
@@ -118,7 +119,7 @@ class Config:
             None if "size" not in found else int(found["size"]),
             strategy,
             on_failure=on_failure,
-            bisect_confirm=int(found.get("bisect-confirm", 1)),
+            bisect_confirm=int(found.get("bisect-confirm", DEFAULT_CONFIRM)),
         )
 
     @classmethod

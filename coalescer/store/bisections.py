@@ -37,7 +37,7 @@ TTL_MS = 30 * 24 * 3600 * 1000
 
 def named_tasks(finding: Mapping[str, Any]) -> list[str]:
     """Every taskId a finding names, in a stable order without repeats."""
-    refs: list[Any] = [finding.get("primary"), finding.get("culprit"), finding.get("lastGood")]
+    refs: list[Any] = [finding.get(name) for name in ("primary", "culprit", "suspect", "lastGood")]
     refs += list(finding.get("runs") or []) + list(finding.get("intermittent") or [])
     for stand in finding.get("standsFor") or []:
         refs += [stand, stand.get("by")]

@@ -129,6 +129,28 @@ FINDING: dict[str, Any] = {
             nullable=True,
         ),
         "lastGood": _ref("the newest task that passed, older than the culprit", nullable=True),
+        "verdict": {
+            "enum": ["culprit", "flaky", "inconclusive"],
+            "description": "culprit: one named, sure enough; flaky: the primary's failure did "
+            "not come back; inconclusive: the reruns were spent before the suspect's failure "
+            "was sure enough (optional: older reports have none)",
+        },
+        "suspect": _ref(
+            "with an inconclusive verdict, the first failing task, not sure enough to blame",
+            nullable=True,
+        ),
+        "probability": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "maximum": 1,
+            "description": "the probability that the culprit (or suspect) is broken",
+        },
+        "flake": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "exclusiveMaximum": 1,
+            "description": "the key's flake rate the search weighed failures with",
+        },
         "runs": {
             "type": "array",
             "minItems": 1,

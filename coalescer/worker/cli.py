@@ -22,6 +22,7 @@ import taskcluster
 
 from coalescer.errors import ConfigError
 from coalescer.settings import Secret, Settings
+from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_CONFIRM, DEFAULT_FLAKE
 from coalescer.worker.protocol import OnPrimaryFailure, Options, Order, SupersedeAs
 
 log = logging.getLogger("coalescer.worker")
@@ -75,10 +76,19 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--bisect-confirm",
         type=int,
-        default=1,
+        default=DEFAULT_CONFIRM,
         metavar="N",
-        help="with bisect: rerun a failing task up to N times before the search trusts the "
-        "failure; a rerun that passes marks it intermittent (default 1; 0 trusts every failure)",
+        help="with bisect: rerun a failing task up to N times, until the failure is "
+        "--bisect-confidence probably a breakage; a rerun that passes marks it intermittent "
+        f"(default {DEFAULT_CONFIRM}; 0 trusts every failure)",
+    )
+    p.add_argument(
+        "--bisect-confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        metavar="P",
+        help="with bisect: how probable a failure must be a breakage before the search "
+        f"narrows on it, at a flake rate of {DEFAULT_FLAKE:g} (default {DEFAULT_CONFIDENCE:g})",
     )
     p.add_argument(
         "--report-token-env",
@@ -127,6 +137,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--capacity, --max-supersede and --claim-concurrency must be >= 1")
     if args.bisect_confirm < 0:
         raise ConfigError("--bisect-confirm must be >= 0")
+    if not 0.5 <= args.bisect_confidence < 1:
+        raise ConfigError("--bisect-confidence must be from 0.5 to below 1")
     if args.livelog_port is not None and not 0 <= args.livelog_port <= 65535:
         raise ConfigError("--livelog-port must be 0-65535")
     report_token = settings.ingest_token
@@ -142,6 +154,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         supersede_as=SupersedeAs(args.resolve_superseded_as),
         on_primary_failure=OnPrimaryFailure(args.on_primary_failure),
         bisect_confirm=args.bisect_confirm,
+        bisect_confidence=args.bisect_confidence,
         report_token=report_token,
         route_prefix=settings.route_prefix,
         max_tasks=args.max_supersede,

@@ -26,6 +26,7 @@ from typing import Any
 
 from coalescer.bisection import Bisection, expiring, stand_ins
 from coalescer.concurrency import all_ended
+from coalescer.verdicts import DEFAULT_CONFIDENCE
 from coalescer.worker.claims import Claim, Clock, parse_time
 from coalescer.worker.notice import Why
 from coalescer.worker.protocol import SUPERSEDES, Outcome, Resolution, supersedes_json
@@ -107,6 +108,7 @@ class Search:
         resolver: Resolver,
         clock: Clock,
         confirm: int,
+        confidence: float = DEFAULT_CONFIDENCE,
         longest: timedelta,
         explain: Explain,
         changed: asyncio.Event,
@@ -116,7 +118,7 @@ class Search:
         self.claims = list(claims)
         self.n = len(self.claims) - 1
         self.primary = self.claims[-1]
-        self.search = Bisection.start(self.n, confirm, clock())
+        self.search = Bisection.start(self.n, confirm, clock(), confidence=confidence)
         self.outcomes: dict[int, Outcome] = {self.n: outcome}
         self.ledger = Ledger(Finding(self.n), outcome)
         self._run, self._resolver, self._clock = run, resolver, clock

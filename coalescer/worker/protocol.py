@@ -21,6 +21,7 @@ import orjson
 from coalescer.errors import CoalescerError, InvalidInput
 from coalescer.model import check_task_id, keys_from_routes
 from coalescer.settings import Secret
+from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_CONFIRM
 
 SUPERSEDED_BY = "public/superseded-by.json"
 SUPERSEDES = "public/supersedes.json"
@@ -135,8 +136,10 @@ class Options:
     order: Order = Order.OLDEST_FIRST
     supersede_as: SupersedeAs = SupersedeAs.AUTO
     on_primary_failure: OnPrimaryFailure = OnPrimaryFailure.SUPERSEDE
-    #: With ``bisect``: reruns that confirm a failure before the search trusts it (0: none).
-    bisect_confirm: int = 1
+    #: With ``bisect``: the most reruns confirming a failure before the search trusts it
+    #: (0: none); spent until it is ``bisect_confidence`` probably a breakage.
+    bisect_confirm: int = DEFAULT_CONFIRM
+    bisect_confidence: float = DEFAULT_CONFIDENCE
     #: With ``bisect``: the bearer token for the superseder service's ``POST /v1/bisections``
     #: (its ``COALESCER_INGEST_TOKEN``); None: findings are not reported.
     report_token: Secret | None = dataclasses.field(default=None, repr=False)

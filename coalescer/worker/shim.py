@@ -281,6 +281,7 @@ class Shim:
                         resolver=self.resolver,
                         clock=self.clock,
                         confirm=self.options.bisect_confirm,
+                        confidence=self.options.bisect_confidence,
                         longest=self.clock() - started,
                         explain=lambda claim, by, found: self._located(taskset, claim, by, found),
                         changed=changed,

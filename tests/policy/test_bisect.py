@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from taskcluster.exceptions import TaskclusterAuthFailure
+from taskcluster.exceptions import TaskclusterAuthFailure, TaskclusterRestFailure
 
 from coalescer.bisection import max_runs
 from coalescer.emulator.clock import format_time
@@ -109,6 +109,10 @@ async def check_outcome(
     assert finding["culprit"] == (expected or {"taskId": primary, "runId": 0})
     assert finding["lastGood"] == ({"taskId": victims[good], "runId": 1} if good >= 0 else None)
     assert finding["extraRuns"] == len(ran) and finding["held"] == n
+    # Trusted failures (bisect-confirm 0): a culprit, however sure its one failure made it.
+    assert finding["verdict"] == "culprit" and finding["suspect"] is None
+    assert finding["flake"] == 0.05  # the prior's: the key has no findings yet
+    assert 0.9 < finding["probability"] < 0.99
     # Nothing is left held, searched or to do.
     assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
 
@@ -290,6 +294,7 @@ async def test_a_primary_whose_failure_does_not_come_back_stands_for_what_it_hel
         assert await state(loop, task_id) == "superseded"
     [finding] = await bisections.for_task(loop.store, ["k"], primary)
     assert finding["culprit"] is None and finding["lastGood"] is None
+    assert finding["verdict"] == "flaky" and finding["suspect"] is None
     assert finding["intermittent"] == [{"taskId": primary, "runId": 0}]
     assert finding["extraRuns"] == 1
     assert {s["by"]["runId"] for s in finding["standsFor"]} == {1}
@@ -364,3 +369,59 @@ async def test_an_enforcer_killed_before_a_rerun_resumes_it_once(
     [finding] = await bisections.for_task(loop.store, ["k"], primary)
     assert finding["culprit"] == {"taskId": victims[2], "runId": 2}
     assert finding["extraRuns"] == len(ran)
+
+
+def priority(loop: Loop, task_id: str) -> str:
+    return str(loop.em.queue().task(task_id)["priority"])
+
+
+async def test_probes_and_confirmations_jump_the_queue(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = confirming(queue_emulator, store)
+    victims, primary = await held_then_failed(loop, n=4)
+    assert {priority(loop, t) for t in [*victims, primary]} == {"lowest"}
+    await enforce(loop, "e1")
+    # The primary's failure runs again first, at the front of its task queue.
+    assert loop.last_run(primary)["state"] == "pending"
+    assert priority(loop, primary) == "highest"
+    loop.resolve(loop.claim(primary), "failed")
+    await enforce(loop, "e1")
+    [probe] = [t for t in victims if loop.last_run(t)["state"] == "pending"]
+    assert priority(loop, probe) == "highest"
+    assert {priority(loop, t) for t in victims if t != probe} == {"lowest"}
+    changed = [m for m in loop.em.published if m["exchange"].endswith("task-priority-changed")]
+    assert [m["payload"]["status"]["taskId"] for m in changed] == [primary, probe]
+
+
+async def test_without_change_task_priority_probes_wait_in_line_and_it_is_said_once(
+    queue_emulator: QueueEmulator, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop = confirming(queue_emulator, store)
+    victims, primary = await held_then_failed(loop)
+    asked = []
+    async with loop.enforcer("e1") as enforcer:
+
+        async def no_method(task_id: str, payload: Any) -> Any:
+            asked.append(task_id)
+            raise TaskclusterRestFailure("Not Found", superExc=None, status_code=404)
+
+        enforcer.actions.queue.changeTaskPriority = no_method  # type: ignore[attr-defined]
+        for _ in range(20):
+            for _ in range(200):
+                await loop.feed()
+                if not await enforcer.round():
+                    await loop.feed()
+                    break
+            pending = [t for t in [*victims, primary] if loop.last_run(t)["state"] == "pending"]
+            if not pending:
+                break
+            for task_id in pending:
+                how = "failed" if task_id == primary or victims.index(task_id) >= 5 else "completed"
+                loop.resolve(loop.claim(task_id), how)
+    [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    assert finding["culprit"] == {"taskId": victims[5], "runId": 2}
+    assert finding["verdict"] == "culprit" and finding["probability"] > 0.99
+    assert len(asked) >= 3 and {priority(loop, t) for t in [*victims, primary]} == {"lowest"}
+    said = [r for r in caplog.records if "did not raise the priority" in r.getMessage()]
+    assert len(said) == 1

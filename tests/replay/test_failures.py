@@ -256,7 +256,7 @@ def test_policy_files_accept_bisect_with_bisect_confirm() -> None:
     policy = rules.parse(doc)
     first, second = policy.rules
     assert first.on_primary_failure is PrimaryFailure.BISECT and first.bisect_confirm == 0
-    assert second.bisect_confirm == 1
+    assert second.bisect_confirm == 3 and second.bisect_confidence == 0.99
     assert first.script_args()[6] == 2  # victims held until the primary ends, then searched
     assert "bisect confirm 0" in rules.describe(policy)[0]
     for bad in (

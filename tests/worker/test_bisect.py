@@ -287,14 +287,19 @@ def test_the_command_line_sets_bisect_and_its_confirmations(
     monkeypatch.setenv("TASKCLUSTER_ROOT_URL", "http://queue.invalid")
     base = ["worker", "--task-queue-id", "p/w", "--worker-group", "g", "--worker-id", "i"]
     parser = cli.build_parser()
-    args = parser.parse_args([*base, "--on-primary-failure", "bisect", "--bisect-confirm", "0"])
+    bisect = [*base, "--on-primary-failure", "bisect"]
+    args = parser.parse_args([*bisect, "--bisect-confirm", "0", "--bisect-confidence", "0.9"])
     assert worker_cli.handle(args, settings) == 0
     [options] = chosen
     assert options.on_primary_failure is OnPrimaryFailure.BISECT
-    assert options.bisect_confirm == 0
-    assert parser.parse_args(base).bisect_confirm == 1
+    assert options.bisect_confirm == 0 and options.bisect_confidence == 0.9
+    defaults = parser.parse_args(base)
+    assert defaults.bisect_confirm == 3 and defaults.bisect_confidence == 0.99
     with pytest.raises(ConfigError, match="--bisect-confirm"):
         worker_cli.handle(parser.parse_args([*base, "--bisect-confirm", "-1"]), settings)
+    for bad in ("1", "0.2"):
+        with pytest.raises(ConfigError, match="--bisect-confidence"):
+            worker_cli.handle(parser.parse_args([*base, "--bisect-confidence", bad]), settings)
 
 
 async def test_a_failing_resolution_raises_only_after_the_others_have_ended(

@@ -56,7 +56,8 @@ def keys_of(graph: Mapping[str, Any], prefix: str) -> tuple[list[KeyTasks], list
     """The graph's keys in first-seen order, and the labels of the tasks without one."""
     found: dict[str, tuple[list[str], list[str]]] = {}
     without = []
-    for label, entry in graph.items():
+    for name, entry in graph.items():
+        label = entry.get("label", name)  # the morphed and optimized graphs are by taskId
         definition = entry["task"]
         routes = definition.get("routes") or []
         keys = keys_from_routes([r for r in routes if isinstance(r, str)], prefix)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,35 @@ def routes(graph: dict[str, Any], prefix: str = "coalesce.v1.") -> dict[str, lis
         label: [r for r in task["task"].get("routes", []) if r.startswith(prefix)]
         for label, task in graph.items()
     }
+
+
+def submit(
+    queue: Any, graph: dict[str, Any], *, decision: str, scheduler: str, now: datetime
+) -> dict[str, str]:
+    """Create the tasks of a ``taskgraph morphed --json`` graph as a decision task does: in the
+    decision task's group, each depending on the decision task unless it depends on a task of
+    the graph, timestamps resolved, dependencies created first. Returns taskId -> label."""
+    from taskgraph.util.parameterization import resolve_timestamps
+
+    naive = now.astimezone(UTC).replace(tzinfo=None)  # as taskgraph's own clock gives it
+    created: dict[str, str] = {}
+    waiting = dict(graph)
+    while waiting:
+        ready = [
+            task_id
+            for task_id, entry in waiting.items()
+            if all(d in created or d not in graph for d in entry["task"].get("dependencies", []))
+        ]
+        assert ready, f"a dependency loop among {sorted(waiting)}"
+        for task_id in ready:
+            entry = waiting.pop(task_id)
+            definition = dict(entry["task"])
+            dependencies = list(definition.get("dependencies", []))
+            if not any(d in graph for d in dependencies):
+                dependencies.append(decision)
+            definition.update(
+                dependencies=dependencies, taskGroupId=decision, schedulerId=scheduler
+            )
+            queue.createTask(task_id, resolve_timestamps(naive, definition))
+            created[task_id] = entry["label"]
+    return created

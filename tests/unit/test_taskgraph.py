@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -145,3 +148,14 @@ def test_implementation_from_the_tag_or_the_alias() -> None:
     assert implementation_of(named, aliases, level="1", trust_domain="t") is None
     queue = {"task": {"taskQueueId": "t-1/b-linux"}}
     assert implementation_of(queue, aliases, level="1", trust_domain="t") == "docker-worker"
+
+
+def test_the_transform_needs_nothing_but_coalescer_and_the_standard_library() -> None:
+    # docs/how-to/taskgraph.md: `pip install --no-deps coalescer` is enough in a decision image
+    code = (
+        "import sys, coalescer.taskgraph; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(ast.literal_eval(done.stdout)) - {"coalescer", "__main__"}
+    assert not {m for m in loaded if not m.startswith("_")}, loaded

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from coalescer.errors import ConfigError, InvalidInput
-from coalescer.model import check_key
+from coalescer.model import KEY_RE, check_key
 
 #: The key of ``taskcluster/config.yml`` this module reads.
 CONFIG_KEY = "coalescer"
@@ -72,7 +72,6 @@ _OPTIONS = {
     "exclude-labels",
     "shipping-phase",
 }
-_PREFIX_CHARS = frozenset(string.ascii_letters + string.digits + "_~+:@-.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +114,7 @@ def parse_config(doc: Any, source: str = "taskcluster/config.yml") -> Config:
             f"{where}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(_OPTIONS))})"
         )
     prefix = doc.get("route-prefix", Config.route_prefix)
-    if not isinstance(prefix, str) or not prefix or not set(prefix) <= _PREFIX_CHARS:
+    if not isinstance(prefix, str) or not KEY_RE.fullmatch(prefix):
         raise ConfigError(f"{where}: route-prefix {prefix!r} is not a dotted route prefix")
     key = doc.get("key", DEFAULT_TEMPLATE)
     if not isinstance(key, str):

@@ -45,6 +45,7 @@ def test_defaults() -> None:
         ({"kinds": [3]}, "kinds must be a glob"),
         ({"shipping-phase": "yes"}, "shipping-phase must be true or false"),
         ({"route-prefix": "a b"}, "route-prefix 'a b'"),
+        ({"route-prefix": "a..b"}, "route-prefix 'a..b' is not a dotted"),
     ],
 )
 def test_bad_configuration_is_one_line(doc: Any, says: str) -> None:

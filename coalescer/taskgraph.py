@@ -18,6 +18,7 @@ or apply it to every kind from the project's registration hook (``taskgraph: reg
       key: "{project}.{kind}.{label}"          # no per-push part: that never coalesces
       age: 600                                  # docker-worker's thresholds (optional)
       size: 2
+      rank-tag: push                            # tag push = pushlog_id (COALESCER_RANK_TAG)
 
 Every opted-in task gets the route ``coalesce.v1.<key>``; a docker-worker task also gets
 ``payload.supersederUrl`` (the service's docker-worker route); any other worker implementation
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
+import re
 import string
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -42,6 +45,7 @@ from coalescer.model import KEY_RE, check_key
 
 #: The key of ``taskcluster/config.yml`` this module reads.
 CONFIG_KEY = "coalescer"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 DEFAULT_TEMPLATE = "{project}.{kind}.{label}"
 DEFAULT_EXCLUDE_KINDS = ("*release*", "*signing*", "*beetmover*")
 #: What a key template may name. Values have ``/`` turned into ``.`` (a label such as
@@ -71,6 +75,8 @@ _OPTIONS = {
     "labels",
     "exclude-labels",
     "shipping-phase",
+    "rank-tag",
+    "rank-parameter",
 }
 
 
@@ -90,6 +96,10 @@ class Config:
     labels: tuple[str, ...] = ()
     exclude_labels: tuple[str, ...] = ()
     shipping_phase: bool = False
+    #: A task tag to carry the push's number (the service's ``COALESCER_RANK_TAG``), and the
+    #: parameter it comes from: a key's tasks then keep push order however they are scheduled.
+    rank_tag: str | None = None
+    rank_parameter: str = "pushlog_id"
 
     def url_for(self, project: str) -> str | None:
         """The service URL for ``project`` (``None``: routes only)."""
@@ -123,6 +133,12 @@ def parse_config(doc: Any, source: str = "taskcluster/config.yml") -> Config:
     phase = doc.get("shipping-phase", False)
     if not isinstance(phase, bool):
         raise ConfigError(f"{where}: shipping-phase must be true or false")
+    rank_tag, rank_parameter = doc.get("rank-tag"), doc.get("rank-parameter", "pushlog_id")
+    for name, value in (("rank-tag", rank_tag), ("rank-parameter", rank_parameter)):
+        if value is not None and (not isinstance(value, str) or not _NAME_RE.fullmatch(value)):
+            raise ConfigError(f"{where}: {name} {value!r} is not a tag or parameter name")
+    if "rank-parameter" in doc and rank_tag is None:
+        raise ConfigError(f"{where}: rank-parameter only applies with rank-tag")
     return Config(
         url=_url(doc.get("url"), where),
         key=key,
@@ -135,6 +151,8 @@ def parse_config(doc: Any, source: str = "taskcluster/config.yml") -> Config:
         labels=_globs(doc, "labels", (), where),
         exclude_labels=_globs(doc, "exclude-labels", (), where),
         shipping_phase=phase,
+        rank_tag=rank_tag,
+        rank_parameter=rank_parameter,
     )
 
 
@@ -254,10 +272,12 @@ def coalesce(
     level: str,
     trust_domain: str,
     implementation: str | None,
+    rank: Any = None,
 ) -> dict[str, Any]:
     """``task`` (taskgraph's shape after the task transforms: ``label``, ``attributes``,
-    ``task`` the definition) with its route and, on docker-worker, its ``supersederUrl``.
-    Idempotent; a task left out is returned unchanged."""
+    ``task`` the definition) with its route, on docker-worker its ``supersederUrl``, and with
+    ``rank-tag`` the tag holding ``rank`` (the push's number). Idempotent; a task left out is
+    returned unchanged."""
     label = str(task.get("label", ""))
     attributes = task.get("attributes") or {}
     definition = task.get("task")
@@ -284,11 +304,27 @@ def coalesce(
     routes = definition.setdefault("routes", [])
     if route not in routes:
         routes.append(route)
+    if config.rank_tag is not None:
+        if not _is_number(rank):
+            raise TaskgraphError(
+                f"coalescer: kind {kind}, task {label}: rank-tag {config.rank_tag} takes the "
+                f"parameter {config.rank_parameter}, which is {rank!r}, not a number"
+            )
+        definition.setdefault("tags", {})[config.rank_tag] = str(rank)
     url = config.url_for(project)
     payload = definition.get("payload")
     if implementation == "docker-worker" and url is not None and isinstance(payload, dict):
         payload["supersederUrl"] = docker_worker_url(url, key, age=config.age, size=config.size)
     return task
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool) or value is None:
+        return False
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def docker_worker_url(base: str, key: str, *, age: int | None, size: int | None) -> str:
@@ -366,6 +402,7 @@ def transforms(config: Any, tasks: Iterable[dict[str, Any]]) -> Iterator[dict[st
             level=level,
             trust_domain=trust_domain,
             implementation=implementation,
+            rank=params.get(settings.rank_parameter) if settings.rank_tag else None,
         )
 
 

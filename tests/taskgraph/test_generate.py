@@ -96,6 +96,15 @@ def test_the_template_shapes_the_key(project: Project) -> None:
     ]
 
 
+def test_the_rank_tag_holds_the_push_number_and_the_keys_stay(project: Project) -> None:
+    project.configure(**{"rank-tag": "push"})
+    first, second = project.generate(push=1), project.generate(push=7)
+    assert first["test-unit"]["task"]["tags"]["push"] == "1"
+    assert second["test-unit"]["task"]["tags"]["push"] == "7"
+    assert "push" not in first["signing-linux64"]["task"]["tags"]  # left out: untouched
+    assert routes(first) == routes(second)
+
+
 def failure(project: Project) -> str:
     done = project.run("full", 1)
     assert done.returncode != 0, done.stdout[-2000:]

@@ -46,6 +46,8 @@ def test_defaults() -> None:
         ({"shipping-phase": "yes"}, "shipping-phase must be true or false"),
         ({"route-prefix": "a b"}, "route-prefix 'a b'"),
         ({"route-prefix": "a..b"}, "route-prefix 'a..b' is not a dotted"),
+        ({"rank-tag": "a tag"}, "rank-tag 'a tag' is not a tag or parameter name"),
+        ({"rank-parameter": "pushdate"}, "rank-parameter only applies with rank-tag"),
     ],
 )
 def test_bad_configuration_is_one_line(doc: Any, says: str) -> None:
@@ -132,6 +134,37 @@ def test_a_bad_key_names_kind_and_label() -> None:
     with pytest.raises(TaskgraphError) as raised:
         _coalesce(_task(), config, None)
     assert str(raised.value).startswith("coalescer: kind build, task build-linux: malformed")
+
+
+def test_the_rank_tag_carries_the_push_number() -> None:
+    config = parse_config({"rank-tag": "push"})
+    task = coalesce(
+        _task(),
+        config,
+        kind="build",
+        project="p",
+        level="3",
+        trust_domain="t",
+        implementation=None,
+        rank="1234",
+    )
+    assert task["task"]["tags"]["push"] == "1234"
+    for rank in ("", None, "nan", "abc"):
+        with pytest.raises(TaskgraphError) as raised:
+            coalesce(
+                _task(),
+                config,
+                kind="build",
+                project="p",
+                level="3",
+                trust_domain="t",
+                implementation=None,
+                rank=rank,
+            )
+        assert str(raised.value).startswith(
+            "coalescer: kind build, task build-linux: rank-tag push takes the parameter "
+            "pushlog_id, which is"
+        )
 
 
 def test_implementation_from_the_tag_or_the_alias() -> None:

@@ -273,11 +273,13 @@ def coalesce(
     trust_domain: str,
     implementation: str | None,
     rank: Any = None,
+    taken: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``task`` (taskgraph's shape after the task transforms: ``label``, ``attributes``,
     ``task`` the definition) with its route, on docker-worker its ``supersederUrl``, and with
     ``rank-tag`` the tag holding ``rank`` (the push's number). Idempotent; a task left out is
-    returned unchanged."""
+    returned unchanged. ``taken`` (key -> label, filled in) refuses a key another task of the
+    same graph already has: tasks of one push under one key would supersede each other."""
     label = str(task.get("label", ""))
     attributes = task.get("attributes") or {}
     definition = task.get("task")
@@ -300,6 +302,14 @@ def coalesce(
         key = render_key(config.key, fields)
     except InvalidInput as exc:
         raise TaskgraphError(f"coalescer: kind {kind}, task {label}: {exc}") from None
+    if taken is not None:
+        other = taken.setdefault(key, label)
+        if other != label:
+            raise TaskgraphError(
+                f"coalescer: kind {kind}, task {label}: task {other} has the key {key} too, and "
+                "tasks of one push under one key would supersede each other: make the key "
+                "template tell them apart (with {label})"
+            )
     route = f"{config.route_prefix}.{key}"
     routes = definition.setdefault("routes", [])
     if route not in routes:
@@ -389,6 +399,7 @@ def transforms(config: Any, tasks: Iterable[dict[str, Any]]) -> Iterator[dict[st
     level = str(params["level"])
     trust_domain = str(config.graph_config["trust-domain"])
     aliases = (config.graph_config.get("workers") or {}).get("aliases") or {}
+    taken: dict[str, str] = {}  # this kind's keys: other kinds load in other processes
     for task in tasks:
         if settings is None:  # said at the first task, naming it as every other failure does
             label = task.get("label", "?")
@@ -403,6 +414,7 @@ def transforms(config: Any, tasks: Iterable[dict[str, Any]]) -> Iterator[dict[st
             trust_domain=trust_domain,
             implementation=implementation,
             rank=params.get(settings.rank_parameter) if settings.rank_tag else None,
+            taken=taken,
         )
 
 

@@ -95,6 +95,10 @@ def explain(graph: Mapping[str, Any], policy: Policy, prefix: str, source: str) 
             )
         else:
             fate = "never superseded: no supersederUrl, and no rule decides on arrival"
+        if len(entry.labels) > 1:  # one graph is one push: these would supersede each other
+            fate += (
+                f"; {len(entry.labels)} tasks of this graph share it and would supersede each other"
+            )
         lines.append(
             f"{entry.key}: {rule.name} ({rule.strategy}): {fate} [{_few(list(entry.labels))}]"
         )

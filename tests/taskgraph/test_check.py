@@ -73,3 +73,18 @@ def test_a_file_that_is_not_a_graph_is_one_line(
     broken.write_text("{")
     assert main(["policy", "check", "--taskgraph", str(broken)]) == 2
     assert "is not JSON" in capsys.readouterr().err
+
+
+def test_tasks_of_one_graph_sharing_a_key_are_pointed_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def task(label: str) -> dict[str, object]:
+        return {"label": label, "task": {"routes": ["coalesce.v1.p.test"], "payload": {}}}
+
+    graph = tmp_path / "full.json"
+    graph.write_text(json.dumps({"test-a": task("test-a"), "test-b": task("test-b")}))
+    assert main(["policy", "check", "--taskgraph", str(graph)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "p.test: default (on-claim): never superseded: no supersederUrl, and no rule decides on "
+        "arrival; 2 tasks of this graph share it and would supersede each other [test-a, test-b]"
+    )

@@ -122,6 +122,13 @@ def test_a_bad_template_fails_generation_with_one_line_naming_kind_and_label(
     assert "malformed coalescing key" in line
 
 
+def test_two_tasks_of_a_push_under_one_key_fail_generation(project: Project) -> None:
+    project.configure(key="{project}.{kind}")
+    line = failure(project)
+    assert line.startswith("coalescer.taskgraph.TaskgraphError: coalescer: kind "), line
+    assert "has the key example-ci." in line and "would supersede each other" in line, line
+
+
 @pytest.mark.parametrize(
     ("template", "says"),
     [

@@ -129,6 +129,49 @@ def test_docker_worker_gets_the_url_others_the_route_only() -> None:
     assert again["task"]["routes"] == ["coalesce.v1.p.build.build-linux"]
 
 
+def test_a_key_two_tasks_of_one_graph_share_is_refused() -> None:
+    config = parse_config({"key": "{project}.{kind}"})
+    taken: dict[str, str] = {}
+    first = _task()
+    coalesce(
+        first,
+        config,
+        kind="build",
+        project="p",
+        level="3",
+        trust_domain="t",
+        implementation=None,
+        taken=taken,
+    )
+    coalesce(  # the same task again (listed and registered) is no conflict
+        first,
+        config,
+        kind="build",
+        project="p",
+        level="3",
+        trust_domain="t",
+        implementation=None,
+        taken=taken,
+    )
+    second = _task() | {"label": "build-mac"}
+    with pytest.raises(TaskgraphError) as raised:
+        coalesce(
+            second,
+            config,
+            kind="build",
+            project="p",
+            level="3",
+            trust_domain="t",
+            implementation=None,
+            taken=taken,
+        )
+    assert str(raised.value) == (
+        "coalescer: kind build, task build-mac: task build-linux has the key p.build too, and "
+        "tasks of one push under one key would supersede each other: make the key template "
+        "tell them apart (with {label})"
+    )
+
+
 def test_a_bad_key_names_kind_and_label() -> None:
     config = parse_config({"key": "{project}.{kind}.{label}!"})
     with pytest.raises(TaskgraphError) as raised:

@@ -1,4 +1,5 @@
-"""``coalescer enforce`` (carry out superseding decisions) and ``coalescer policy check``.
+"""``coalescer enforce`` (carry out superseding decisions) and ``coalescer policy check``
+(a policy file's rules; with ``--taskgraph``, what they do to a generated graph's keys).
 
 ``enforce`` needs ``REDIS_URL`` and the queue: ``TASKCLUSTER_ROOT_URL``,
 ``TASKCLUSTER_CLIENT_ID`` and ``TASKCLUSTER_ACCESS_TOKEN``; with the embedded store, ``coalescer
@@ -56,24 +57,48 @@ def register(sub: Any) -> None:
     check = sub.add_parser("policy", help="superseding policy tools")
     tools = check.add_subparsers(dest="policy_command", required=True, metavar="TOOL")
     c = tools.add_parser("check", help="validate a policy file and show its rules")
-    c.add_argument("file", help="the policy file: YAML, or TOML when it ends in .toml")
+    c.add_argument(
+        "file",
+        nargs="?",
+        help="the policy file: YAML, or TOML when it ends in .toml (default: "
+        "COALESCER_POLICY_FILE; with neither, every key keeps on-claim)",
+    )
     c.add_argument(
         "--key", action="append", default=[], metavar="KEY", help="show which rule KEY gets"
+    )
+    c.add_argument(
+        "--taskgraph",
+        metavar="FILE",
+        help="a generated graph (`taskgraph full --json` output): say per coalescing key which "
+        "rule governs it and whether its tasks will be superseded",
     )
     c.set_defaults(handler=_check)
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.model import check_key
-    from coalescer.policy.rules import describe, load
+    from coalescer.policy.rules import Policy, describe, load
 
-    policy = load(args.file, named_by="policy file")
+    if args.file is not None:
+        policy = load(args.file, named_by="policy file")
+    else:
+        policy = settings.policy or Policy()
     keys = [check_key(key) for key in args.key]
+    graph = None
+    if args.taskgraph is not None:
+        from coalescer.policy.preview import load_graph
+
+        graph = load_graph(args.taskgraph)
     for line in describe(policy) or ["no rules: every key keeps on-claim"]:
         print(line)
     for key in keys:
         rule = policy.rule_for(key)
         print(f"{key}: {rule.name} ({rule.strategy})")
+    if graph is not None:
+        from coalescer.policy.preview import explain
+
+        for line in explain(graph, policy, settings.route_prefix, args.taskgraph):
+            print(line)
     return 0
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 
 from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_FLAKE, Verdict, broken_probability
@@ -86,6 +86,8 @@ class Bisection:
     confirm: int
     #: How probable a failure must be a breakage before the search narrows on it.
     confidence: float = DEFAULT_CONFIDENCE
+    #: Runs at once: the pushes left are split into ``parallel + 1`` parts.
+    parallel: int = 1
     #: The key's flake rate: the share of a good push's runs that fail all the same.
     flake: float = DEFAULT_FLAKE
     good: int = -1
@@ -113,13 +115,16 @@ class Bisection:
         *,
         confidence: float = DEFAULT_CONFIDENCE,
         flake: float = DEFAULT_FLAKE,
+        parallel: int = 1,
     ) -> Bisection:
         """The search once the primary's first run failed (``ended`` then)."""
-        if n < 0 or confirm < 0:
-            raise ValueError("n and confirm must be >= 0")
+        if n < 0 or confirm < 0 or parallel < 1:
+            raise ValueError("n and confirm must be >= 0, parallel >= 1")
         if not 0 < confidence < 1 or not 0 < flake < 1:
             raise ValueError("confidence and flake must be between 0 and 1, exclusive")
-        search = cls(n=n, confirm=confirm, confidence=confidence, flake=flake, bad=n)
+        search = cls(
+            n=n, confirm=confirm, confidence=confidence, flake=flake, parallel=parallel, bad=n
+        )
         search.runs.append(Run(n, 0, False, ended))
         if n:
             search._failed(n, 1)
@@ -151,30 +156,45 @@ class Bisection:
         good and the first bad that are still in the search."""
         return [i for i in range(self.good + 1, self.bad) if i not in self.dropped]
 
+    def probes(self, running: Collection[int] = ()) -> list[Probe]:
+        """What to run now, beside the pushes already ``running`` (handed out, their result not
+        in yet): at most ``parallel`` runs at once. Failures awaiting a confirmation come
+        first (the primary's first of all: with ``parallel`` 1 nothing else runs until it is
+        confirmed); the other slots split the pushes left into equal parts (one slot: the
+        middle push). Empty when the search is over, or all it needs is running."""
+        slots = self.parallel - len(running)
+        confirming = sorted(self._failures, key=lambda i: (i != self.n, i))
+        out = [Probe(i, self._failures[i]) for i in confirming if i not in running][:slots]
+        if self.n not in self.verdicts and (self.parallel == 1 or self.n not in self._failures):
+            return out  # the primary is being confirmed (one at a time), or was dropped
+        if self.verdicts.get(self.n) is True:
+            return out  # the primary's failure was intermittent
+        # Where the slots not taken by confirmations split what is left, those running
+        # included: a push handed out before is one of the points, not a reason to move them.
+        left = [i for i in self.candidates if i not in self._failures]
+        points = [i for i in _split(left, self.parallel - len(confirming)) if i not in running]
+        return out + [Probe(i, 0) for i in points[: max(0, slots - len(out))]]
+
     def next(self) -> Probe | None:
-        """What to run next; None when the search is over."""
-        if self._failures:
-            [(index, failures)] = self._failures.items()
-            return Probe(index, failures)
-        if self.n not in self.verdicts:
-            return None  # the primary was dropped before its failure was confirmed
-        if self.verdicts[self.n]:
-            return None  # the primary's failure was intermittent
-        left = self.candidates
-        if not left:
-            return None
-        return Probe(left[(len(left) - 1) // 2], 0)
+        """What to run next, one run at a time; None when the search is over."""
+        found = self.probes()
+        return found[0] if found else None
 
     @property
     def done(self) -> bool:
         return self.next() is None
 
     def record(self, index: int, passed: bool, ended: datetime | None = None) -> None:
-        """The result of running :meth:`next`'s probe (``ended`` then)."""
-        probe = self.next()
-        if probe is None or probe.index != index:
-            raise ValueError(f"push {index} is not the one to run ({probe})")
-        self.runs.append(Run(index, probe.attempt, passed, ended))
+        """The result of running push ``index`` (``ended`` then): a probe :meth:`probes` gave,
+        whatever has been learned since."""
+        if (index in self.verdicts and index not in self._failures) or index in self.dropped:
+            raise ValueError(f"push {index} has a verdict already, or is out of the search")
+        if not 0 <= index <= self.n:
+            raise ValueError(f"push {index} is not in the search")
+        attempt = self._failures.get(index, 0)
+        if index == self.n and not attempt:
+            raise ValueError("the primary's first run is the search's start")
+        self.runs.append(Run(index, attempt, passed, ended))
         if passed:
             if self._failures.pop(index, 0):
                 self.intermittent.add(index)
@@ -186,17 +206,18 @@ class Bisection:
         self.verdicts[index] = passed
         if index == self.n:
             return  # the primary: bad already, or intermittent (then the search is over)
-        if passed:
+        # Results that came back out of order narrow only within what is left: a pass newer
+        # than the first failure (or a failure older than the last pass) contradicts them.
+        if passed and index < self.bad:
             self.good = max(self.good, index)
-        else:
+        elif not passed and index > self.good:
             self.bad = min(self.bad, index)
 
     def trust(self, index: int) -> None:
         """Believe the failure of push ``index`` that awaits a confirmation as it stands (the
         queue would not run it again): no run, the push failed."""
-        probe = self.next()
-        if probe is None or probe.index != index or not probe.attempt:
-            raise ValueError(f"push {index} awaits no confirmation ({probe})")
+        if index not in self._failures:
+            raise ValueError(f"push {index} awaits no confirmation")
         self._failures.pop(index)
         self.trusted.add(index)
         self._verdict(index, False)
@@ -255,6 +276,13 @@ class Bisection:
             return {self.n}
         held = {self.bad, self.good} - {-1}
         return held | set(self._failures)
+
+
+def _split(left: list[int], parts: int) -> list[int]:
+    """``parts`` pushes of ``left`` (in order) that split it into ``parts + 1`` near-equal
+    runs of pushes: with one, the middle push."""
+    k = min(max(parts, 0), len(left))
+    return [left[(j * (len(left) + 1)) // (k + 1) - 1] for j in range(1, k + 1)]
 
 
 def stand_ins(search: Bisection) -> dict[int, int]:

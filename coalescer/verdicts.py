@@ -47,6 +47,8 @@ DEFAULT_CONFIDENCE = 0.99
 #: Default ``bisect-confirm``: the most reruns confirming one failure. Spent only as needed:
 #: on a key failing up to 10% of its good runs, one.
 DEFAULT_CONFIRM = 3
+#: Default ``bisect-parallel``: the runs a search makes at once (an n-ary split).
+DEFAULT_PARALLEL = 2
 
 
 class Verdict(enum.StrEnum):

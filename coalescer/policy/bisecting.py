@@ -14,7 +14,9 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
      "victims": [[taskId, heldRunId, deadline_ms], ...]   (oldest first),
      "results": [{"i", "run", "attempt", "passed": true | false | null (dropped), "ended": ms,
                   "trusted": true (a failure not confirmed: no scope to rerun; optional)}, ...],
-     "probe": {"i", "run", "since", "attempt"} | null}
+     "parallel": runs at once (bisect-parallel; 1 when absent),
+     "probes": [{"i", "run", "since", "attempt"}, ...]   (the runs under way; an older record
+               has one, or null, as "probe")}
 
 The search is the record replayed into a :class:`~coalescer.bisection.Bisection`, with the
 key's flake rate (:func:`coalescer.verdicts.flake_rate` of its recent findings) written into
@@ -89,6 +91,7 @@ def replay(doc: Mapping[str, Any]) -> Bisection:
         _when(doc["ended"]),
         confidence=float(doc.get("confidence", verdicts.DEFAULT_CONFIDENCE)),
         flake=float(doc.get("flake", verdicts.DEFAULT_FLAKE)),
+        parallel=int(doc.get("parallel", 1)),
     )
     for result in doc["results"]:
         if result["passed"] is None:
@@ -98,6 +101,16 @@ def replay(doc: Mapping[str, Any]) -> Bisection:
         else:
             search.record(result["i"], result["passed"], _when(result["ended"]))
     return search
+
+
+def _probes(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The search's runs under way, each ``{"i", "run", "since", "attempt"}`` (a record
+    written before several could run at once has one, or none, as ``probe``)."""
+    if "probes" not in doc:
+        single = doc.pop("probe", None)
+        doc["probes"] = [] if single is None else [single]
+    probes: list[dict[str, Any]] = doc["probes"]
+    return probes
 
 
 def _task(doc: Mapping[str, Any], i: int) -> str:
@@ -160,13 +173,18 @@ class Searcher:
             # Once, before anything runs: the key's flake rate from what its searches saw.
             doc["flake"] = verdicts.flake_rate(await bisections.recent(self.store, key, FLAKES))
             return await self._write(key, primary, raw, doc, [])
-        search = replay(doc)
+        probes = _probes(doc)
         now = self.now_ms()
-        if doc["probe"] is not None:
-            return await self._await_probe(key, primary, raw, doc, now)
+        for under_way in list(probes):
+            if await self._await_probe(key, primary, raw, doc, now, under_way):
+                return True
+        search = replay(doc)
+        running = {int(p["i"]) for p in probes}
         margin = 2 * int(doc["longest"])
         left = [
-            i for i in range(len(doc["victims"])) if i not in search.ran and i not in search.dropped
+            i
+            for i in range(len(doc["victims"]))
+            if i not in search.ran and i not in search.dropped and i not in running
         ]
         states = {}
         for i in left:
@@ -198,13 +216,16 @@ class Searcher:
                     ", ".join(doc["victims"][i][0] for i in due),
                 )
             return await self._write(key, primary, raw, doc, moves)
-        probe = search.next()
-        if probe is None:
+        todo = search.probes(running)
+        if not todo:
+            if probes:
+                return False  # what the search needs is running
             return await self._conclude(key, primary, raw, doc, search)
+        probe = todo[0]
         if probe.attempt:
             return await self._confirm(key, primary, raw, doc, probe.index, probe.attempt, now)
         victim, run, _ = doc["victims"][probe.index]
-        doc["probe"] = {"i": probe.index, "run": run, "since": now, "attempt": 0}
+        probes.append({"i": probe.index, "run": run, "since": now, "attempt": 0})
         move = outbox.Move(victim, "bisecting", "probing")
         if not await self._write(key, primary, raw, doc, [move]):
             return True  # taken meanwhile: look again
@@ -234,7 +255,8 @@ class Searcher:
                 task_id,
             )
             return await self._result(key, primary, raw, doc, i, run, attempt, None, now)
-        doc["probe"] = {"i": i, "run": run, "since": now, "attempt": attempt}
+        rerun = {"i": i, "run": run, "since": now, "attempt": attempt}
+        doc["probes"].append(rerun)
         if not await self._write(key, primary, raw, doc, []):
             return True  # taken meanwhile: look again
         log.info(
@@ -246,16 +268,21 @@ class Searcher:
             attempt,
             extra={"task_id": task_id},
         )
-        taken = await self._rerun(key, primary, _dump(doc), doc, now)
+        taken = await self._rerun(key, primary, _dump(doc), doc, now, rerun)
         return True if taken is None else taken
 
     async def _rerun(
-        self, key: str, primary: str, raw: str, doc: dict[str, Any], now: int
+        self,
+        key: str,
+        primary: str,
+        raw: str,
+        doc: dict[str, Any],
+        now: int,
+        probe: Mapping[str, Any],
     ) -> bool | None:
-        """Ask the queue for the rerun the probe (a confirmation) awaits: None once it is
+        """Ask the queue for the rerun ``probe`` (a confirmation) awaits: None once it is
         there (asked for now, or before); else the step taken in its place, the failure
         trusted (no scope to rerun) or the push out of the search (the queue refuses)."""
-        probe = doc["probe"]
         i, run, attempt = int(probe["i"]), int(probe["run"]), int(probe["attempt"])
         task_id = _task(doc, i)
         done = await self.actions.rerun(task_id, run)
@@ -296,9 +323,15 @@ class Searcher:
             )
 
     async def _await_probe(
-        self, key: str, primary: str, raw: str, doc: dict[str, Any], now: int
+        self,
+        key: str,
+        primary: str,
+        raw: str,
+        doc: dict[str, Any],
+        now: int,
+        probe: Mapping[str, Any],
     ) -> bool:
-        probe = doc["probe"]
+        """Record ``probe``'s result once it is in: whether a step was taken."""
         i, run, attempt = int(probe["i"]), int(probe["run"]), int(probe.get("attempt", 0))
         task_id, deadline = _task(doc, i), _deadline(doc, i)
         record = (await self.store.known(key, [task_id])).get(task_id)
@@ -316,7 +349,7 @@ class Searcher:
             else:
                 # Not rerun yet, as far as the index knows: ask (nothing twice, the queue's
                 # status says whether it was).
-                taken = await self._rerun(key, primary, raw, doc, now)
+                taken = await self._rerun(key, primary, raw, doc, now, probe)
                 return False if taken is None else taken
         elif record.state == "exception" and (
             record.run_id > run or record.reason != "worker-shutdown"
@@ -349,9 +382,9 @@ class Searcher:
         if trusted:
             result["trusted"] = True
         doc["results"].append(result)
-        if doc["probe"] is not None:
-            doc["longest"] = max(int(doc["longest"]), now - int(doc["probe"]["since"]))
-        doc["probe"] = None
+        for ended in [p for p in doc["probes"] if int(p["i"]) == i]:
+            doc["longest"] = max(int(doc["longest"]), now - int(ended["since"]))
+        doc["probes"] = [p for p in doc["probes"] if int(p["i"]) != i]
         moves = []
         if i < len(doc["victims"]):
             after = replay(doc)

@@ -16,6 +16,7 @@ decides how that key supersedes. A key no rule matches keeps today's protocol (`
         bisect-confirm: 3                    # with bisect: the most reruns confirming a failure
         bisect-confidence: 0.99              # with bisect: rerun a failure until it is this
                                              #   probably a breakage (coalescer.verdicts)
+        bisect-parallel: 2                   # with bisect: runs of the search at once
         cascade: cancel                      # or leave: what happens to a victim's dependents
 
 Globs match dotted keys: ``*`` matches within one word, ``**`` across words, ``?`` one
@@ -36,7 +37,7 @@ from typing import Any, TypeVar
 import yaml
 
 from coalescer.errors import ConfigError
-from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_CONFIRM
+from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_CONFIRM, DEFAULT_PARALLEL
 
 E = TypeVar("E", bound=enum.StrEnum)
 
@@ -92,6 +93,8 @@ class Rule:
     bisect_confirm: int = DEFAULT_CONFIRM
     #: With ``on-primary-failure: bisect``: how probable a failure must be a breakage.
     bisect_confidence: float = DEFAULT_CONFIDENCE
+    #: With ``on-primary-failure: bisect``: the search's runs at once.
+    bisect_parallel: int = DEFAULT_PARALLEL
 
     @property
     def decides(self) -> bool:
@@ -115,6 +118,7 @@ class Rule:
             # confidence they aim for (coalescer.verdicts).
             self.bisect_confirm if self.on_primary_failure is PrimaryFailure.BISECT else 0,
             repr(self.bisect_confidence),
+            self.bisect_parallel,
         ]
 
 
@@ -184,6 +188,7 @@ _FIELDS = {
     "on-primary-failure",
     "bisect-confirm",
     "bisect-confidence",
+    "bisect-parallel",
     "cascade",
 }
 _DECIDING_ONLY = _FIELDS - {"keys", "name", "strategy"}
@@ -245,7 +250,7 @@ def _rule(item: Any, where: str, number: int) -> Rule:
     on_failure = _choice(
         item.get("on-primary-failure", "supersede"), PrimaryFailure, "on-primary-failure", where
     )
-    for field in ("bisect-confirm", "bisect-confidence"):
+    for field in ("bisect-confirm", "bisect-confidence", "bisect-parallel"):
         if field in item and on_failure is not PrimaryFailure.BISECT:
             raise ConfigError(f"{where}: '{field}' only applies to on-primary-failure: bisect")
     confirm = item.get("bisect-confirm", DEFAULT_CONFIRM)
@@ -258,6 +263,9 @@ def _rule(item: Any, where: str, number: int) -> Rule:
         or not 0.5 <= confidence < 1
     ):
         raise ConfigError(f"{where}: 'bisect-confidence' must be a number from 0.5 to below 1")
+    parallel = item.get("bisect-parallel", DEFAULT_PARALLEL)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 32:
+        raise ConfigError(f"{where}: 'bisect-parallel' must be a whole number from 1 to 32")
     return Rule(
         name=name,
         patterns=patterns,
@@ -270,6 +278,7 @@ def _rule(item: Any, where: str, number: int) -> Rule:
         cascade=_choice(item.get("cascade", "cancel"), Cascade, "cascade", where),
         bisect_confirm=confirm,
         bisect_confidence=float(confidence),
+        bisect_parallel=parallel,
     )
 
 
@@ -351,7 +360,8 @@ def describe(policy: Policy) -> list[str]:
             bits.append(f"on primary failure {rule.on_primary_failure}")
             if rule.on_primary_failure is PrimaryFailure.BISECT:
                 bits.append(
-                    f"bisect confirm {rule.bisect_confirm}, confidence {rule.bisect_confidence:g}"
+                    f"bisect confirm {rule.bisect_confirm}, confidence {rule.bisect_confidence:g}, "
+                    f"{rule.bisect_parallel} at once"
                 )
             bits.append(f"cascade {rule.cascade}")
         lines.append(f"{rule.name}: {', '.join(rule.patterns)} -> {'; '.join(bits)}")

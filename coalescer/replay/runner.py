@@ -28,7 +28,7 @@ from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, Pool
 from coalescer.store import Store
 from coalescer.store.replay import apply_and_ask, drop, drop_census, holds_nothing
-from coalescer.verdicts import DEFAULT_CONFIRM
+from coalescer.verdicts import DEFAULT_CONFIRM, DEFAULT_PARALLEL
 
 #: The service's default cap on an answer's length.
 CAP = 32
@@ -59,6 +59,8 @@ class Config:
     label: str = ""
     on_failure: PrimaryFailure | None = None
     bisect_confirm: int = DEFAULT_CONFIRM
+    #: With ``bisect`` under a policy strategy: the enforcer's runs at once.
+    bisect_parallel: int = DEFAULT_PARALLEL
 
     @property
     def on_arrival(self) -> bool:
@@ -76,6 +78,8 @@ class Config:
         failure = "" if self.on_failure is None else f", {self.on_failure}"
         if self.on_failure is PrimaryFailure.BISECT and self.bisect_confirm != DEFAULT_CONFIRM:
             failure += f" confirm {self.bisect_confirm}"
+        if self.on_failure is PrimaryFailure.BISECT and self.bisect_parallel != DEFAULT_PARALLEL:
+            failure += f" parallel {self.bisect_parallel}"
         if self.strategy in POLICIES:
             return self.strategy + age + size + failure
         return "on-claim" + (age + size or " always") + failure
@@ -97,7 +101,7 @@ class Config:
         found: dict[str, str] = {}
         for part in parts:
             m = re.fullmatch(
-                r"(age|size|bisect-confirm)\s*=\s*(\d+)|(on-primary-failure)\s*=\s*"
+                r"(age|size|bisect-confirm|bisect-parallel)\s*=\s*(\d+)|(on-primary-failure)\s*=\s*"
                 r"(supersede|release|bisect)",
                 part,
             )
@@ -106,13 +110,18 @@ class Config:
                 raise InvalidInput(
                     f"bad configuration {text!r}: use off, on-claim, latest-wins or first-wins, "
                     "optionally with age=SECONDS,size=N (e.g. age=3600,size=5) and "
-                    "on-primary-failure=supersede|release|bisect (bisect-confirm=N)"
+                    "on-primary-failure=supersede|release|bisect (bisect-confirm=N, "
+                    "bisect-parallel=N)"
                 )
             found[name] = m.group(2) or m.group(4)
         failure = found.get("on-primary-failure")
         on_failure = None if failure is None else PrimaryFailure(failure)
-        if "bisect-confirm" in found and on_failure is not PrimaryFailure.BISECT:
-            raise InvalidInput(f"bad configuration {text!r}: bisect-confirm needs bisect")
+        for name in ("bisect-confirm", "bisect-parallel"):
+            if name in found and on_failure is not PrimaryFailure.BISECT:
+                raise InvalidInput(f"bad configuration {text!r}: {name} needs bisect")
+        parallel = int(found.get("bisect-parallel", DEFAULT_PARALLEL))
+        if not 1 <= parallel <= 32:
+            raise InvalidInput(f"bad configuration {text!r}: bisect-parallel is 1 to 32")
         return cls(
             True,
             None if "age" not in found else int(found["age"]),
@@ -120,6 +129,7 @@ class Config:
             strategy,
             on_failure=on_failure,
             bisect_confirm=int(found.get("bisect-confirm", DEFAULT_CONFIRM)),
+            bisect_parallel=parallel,
         )
 
     @classmethod
@@ -134,7 +144,14 @@ class Config:
             return self.rules
         if not self.supersede:
             return rules.Policy()
-        return _one_rule(self.strategy, self.age, self.size, self.on_failure, self.bisect_confirm)
+        return _one_rule(
+            self.strategy,
+            self.age,
+            self.size,
+            self.on_failure,
+            self.bisect_confirm,
+            self.bisect_parallel,
+        )
 
     def rule_for(self, task: TaskSpec) -> Rule:
         """The rule a task follows: its first key's (the one its worker would ask about)."""
@@ -147,7 +164,8 @@ def _one_rule(
     age: int | None,
     size: int | None,
     on_failure: PrimaryFailure | None = None,
-    confirm: int = 1,
+    confirm: int = DEFAULT_CONFIRM,
+    parallel: int = DEFAULT_PARALLEL,
 ) -> Policy:
     rule: dict[str, object] = {"name": strategy, "keys": "**", "strategy": strategy}
     if strategy != Strategy.ON_CLAIM:  # on claim, the thresholds are the worker's question's
@@ -156,6 +174,7 @@ def _one_rule(
             rule["on-primary-failure"] = str(on_failure)
         if on_failure is PrimaryFailure.BISECT:
             rule["bisect-confirm"] = confirm
+            rule["bisect-parallel"] = parallel
     return rules.parse({"rules": [rule]}, "replay")
 
 

@@ -48,6 +48,7 @@ rules:
     strategy: latest-wins
     on-primary-failure: bisect
     bisect-confirm: 0
+    bisect-parallel: 1
 """
 #: The push whose first run fails intermittently, with bisect-confirm 1.
 FLAKY = 4

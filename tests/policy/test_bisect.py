@@ -28,7 +28,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def policy() -> Policy:
-    return rule("k", strategy="latest-wins", on_primary_failure="bisect", bisect_confirm=0)
+    # One run at a time, so that each step's probe is known (several at once: below).
+    return rule(
+        "k",
+        strategy="latest-wins",
+        on_primary_failure="bisect",
+        bisect_confirm=0,
+        bisect_parallel=1,
+    )
 
 
 async def state(loop: Loop, task_id: str) -> str | None:
@@ -182,8 +189,16 @@ async def test_a_victim_whose_deadline_comes_first_is_released_to_run_itself(loo
 Fails = Callable[[int, int], bool]
 
 
-def confirming(queue_emulator: QueueEmulator, store: Store, confirm: int = 1) -> Loop:
-    policy = rule("k", strategy="latest-wins", on_primary_failure="bisect", bisect_confirm=confirm)
+def confirming(
+    queue_emulator: QueueEmulator, store: Store, confirm: int = 1, parallel: int = 1
+) -> Loop:
+    policy = rule(
+        "k",
+        strategy="latest-wins",
+        on_primary_failure="bisect",
+        bisect_confirm=confirm,
+        bisect_parallel=parallel,
+    )
     return Loop(queue_emulator, store, policy)
 
 
@@ -356,7 +371,7 @@ async def test_an_enforcer_killed_before_a_rerun_resumes_it_once(
         await loop.feed()
         await enforcer.round()
     [raw] = (await outbox.searches(loop.store, "k")).values()
-    probe = orjson.loads(raw)["probe"]
+    [probe] = orjson.loads(raw)["probes"]
     assert (probe["i"], probe["run"], probe["attempt"]) == (4, 0, 1)  # the primary's run 0
     assert len(loop.status(primary)["runs"]) == 1
     # Another enforcer reruns it, once, however often it looks before the rerun's events.
@@ -425,3 +440,24 @@ async def test_without_change_task_priority_probes_wait_in_line_and_it_is_said_o
     assert len(asked) >= 3 and {priority(loop, t) for t in [*victims, primary]} == {"lowest"}
     said = [r for r in caplog.records if "did not raise the priority" in r.getMessage()]
     assert len(said) == 1
+
+
+async def test_several_probes_run_at_once_and_find_the_same_culprit(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = confirming(queue_emulator, store, confirm=0, parallel=2)
+    victims, primary = await held_then_failed(loop)
+    await enforce(loop, "e1")
+    # The eight pushes split in three: pushes 2 and 5 run at once, both at the front.
+    pending = [t for t in victims if loop.last_run(t)["state"] == "pending"]
+    assert pending == [victims[2], victims[5]]
+    assert {priority(loop, t) for t in pending} == {"highest"}
+    assert {await state(loop, t) for t in pending} == {"probing"}
+    ran = await work(loop, victims, 6)
+    # Rounds, not runs, are what the sheriff waits for: two here (pushes 2 and 5, then the two
+    # left, 6 and 7), against three or four one at a time.
+    assert ran == [victims[2], victims[5], victims[6], victims[7]]
+    [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    assert finding["culprit"] == {"taskId": victims[6], "runId": 1}
+    assert finding["lastGood"] == {"taskId": victims[5], "runId": 1}
+    assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)

@@ -154,7 +154,13 @@ async def search(
     none, the primary's failure is intermittent) and on fail; the first run of each push in
     ``flaky`` (good ones) fails too."""
     key = f"bisect.{uuid.uuid4().hex[:12]}"
-    policy = rule(key, strategy="latest-wins", on_primary_failure="bisect", bisect_confirm=confirm)
+    policy = rule(
+        key,
+        strategy="latest-wins",
+        on_primary_failure="bisect",
+        bisect_confirm=confirm,
+        bisect_parallel=1,  # the bound below is for one run at a time
+    )
     queue = Queue(key)
     victims = [f"V{i:02d}{uuid.uuid4().hex[:18]}" for i in range(n)]
     primary = f"P{uuid.uuid4().hex[:21]}"

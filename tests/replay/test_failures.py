@@ -333,12 +333,13 @@ def test_without_failures_the_report_keeps_its_rows(tmp_path: Path) -> None:
 
 
 # -- the enforcer's bisect (a policy file) --------------------------------------------------------
-def bisect_policy(confirm: int = 0) -> Config:
+def bisect_policy(confirm: int = 0, parallel: int = 1) -> Config:
     rule = {
         "keys": "k",
         "strategy": "latest-wins",
         "on-primary-failure": "bisect",
         "bisect-confirm": confirm,
+        "bisect-parallel": parallel,
     }
     return Config.from_policy(rules.parse({"rules": [rule]}, "test"), "bisect.yaml")
 

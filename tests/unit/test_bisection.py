@@ -201,8 +201,13 @@ def test_a_push_with_a_verdict_cannot_be_taken_out() -> None:
     found.record(1, True)
     with pytest.raises(ValueError, match="verdict"):
         found.drop(1)
-    with pytest.raises(ValueError, match="not the one to run"):
-        found.record(0, True)
+    with pytest.raises(ValueError, match="verdict already"):
+        found.record(1, False)
+    with pytest.raises(ValueError, match="not in the search"):
+        found.record(5, False)
+    # A result that comes back after the search has moved past its push narrows nothing.
+    found.record(0, False)
+    assert found.good == 1 and found.bad == 4 and found.verdicts[0] is False
 
 
 def test_expiring_deadlines() -> None:
@@ -240,3 +245,39 @@ def test_reruns_spent_short_of_the_confidence_leave_it_inconclusive() -> None:
     assert found.done and found.culprit == 2
     assert found.probability(2) < found.confidence
     assert found.verdict is Verdict.INCONCLUSIVE and found.named is None
+
+
+def run_parallel(n: int, first_bad: int, parallel: int, confirm: int = 0) -> tuple[Bisection, int]:
+    """A search with ``parallel`` runs at once, each round's results coming back together
+    (newest first, so that results out of order are exercised); how many rounds it took."""
+    found = Bisection.start(n, confirm, T0, parallel=parallel)
+    rounds = 0
+    while probes := found.probes():
+        rounds += 1
+        assert len(probes) <= parallel
+        for probe in sorted(probes, key=lambda p: -p.index):
+            found.record(probe.index, probe.index < first_bad)
+        assert rounds < 100
+    return found, rounds
+
+
+@pytest.mark.parametrize("parallel", [1, 2, 3, 7])
+def test_several_probes_at_once_find_the_same_culprit_in_fewer_rounds(parallel: int) -> None:
+    for n in (1, 5, 8, 15, 31):
+        for first_bad in range(n + 1):
+            found, rounds = run_parallel(n, first_bad, parallel)
+            assert found.named == first_bad
+            assert found.last_good == (first_bad - 1 if first_bad else None)
+            # An n-ary split: each round divides what is left by parallel + 1.
+            assert rounds <= math.ceil(math.log(n + 1, parallel + 1) - 1e-9)
+
+
+def test_with_several_slots_the_primarys_confirmation_runs_beside_the_first_probes() -> None:
+    found = Bisection.start(8, 1, T0, parallel=3)
+    assert found.probes() == [Probe(8, 1), Probe(2, 0), Probe(5, 0)]
+    # One run at a time: its confirmation first, as before.
+    assert Bisection.start(8, 1, T0).probes() == [Probe(8, 1)]
+    # A run under way takes its slot, and keeps its place among the points that split the
+    # pushes left: the other point is handed out, not a new middle.
+    assert found.probes(running={8, 2}) == [Probe(5, 0)]
+    assert found.probes(running={8, 2, 5}) == []

@@ -3,7 +3,7 @@
 -- event was applied to it (or on a tick, without an event: age thresholds, lost events).
 -- KEYS: t p w d x v vp vx r rs o h m rd bs  (see keys.py; all under the key's hash tag)
 -- ARGV: now_ms grace_ms rule strategy age_ms size supersede_running protect_ms hold cascade
---       confirm confidence event_taskId|'' started_ms resolved_ms max_decisions
+--       confirm confidence parallel event_taskId|'' started_ms resolved_ms max_decisions
 -- `hold`: 0 supersede at once, 1 hold victims until the primary ends (release), 2 hold them
 -- and, when the primary fails, start a bisection over them (`bs`; carried on by the enforcer,
 -- coalescer/policy/bisecting.py), whose failures are confirmed by up to `confirm` reruns each,
@@ -25,8 +25,8 @@ local age, size = tonumber(ARGV[5]), tonumber(ARGV[6])
 local srun, protect = ARGV[7] == '1', tonumber(ARGV[8])
 local hold, bisect = ARGV[9] == '1' or ARGV[9] == '2', ARGV[9] == '2'
 local cascade, confirm, confidence = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
-local ev = ARGV[13]
-local started, resolved, cap = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+local parallel, ev = tonumber(ARGV[13]), ARGV[14]
+local started, resolved, cap = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 
 -- A record of `t`: run|rank|order|deadline|since|state|reason.
 local function task(id)
@@ -225,10 +225,10 @@ local function start_search(by, cur, started_ms)
   redis.call('HSET', bs, by, '{"primary":"' .. by .. '","primaryRun":' .. cur.run
     .. ',"rule":"' .. rule .. '","cascade":"' .. cascade .. '","protect":' .. protect
     .. ',"supersedeRunning":' .. (srun and 1 or 0) .. ',"confirm":' .. confirm
-    .. ',"confidence":' .. string.format('%.17g', confidence)
+    .. ',"confidence":' .. string.format('%.17g', confidence) .. ',"parallel":' .. parallel
     .. ',"deadline":' .. cur.deadline .. ',"ended":' .. ended
     .. ',"longest":' .. took .. ',"victims":[' .. table.concat(parts, ',')
-    .. '],"results":[],"probe":null}')
+    .. '],"results":[],"probes":[]}')
   return true
 end
 

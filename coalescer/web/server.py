@@ -147,9 +147,11 @@ def _fast_app(app: Any) -> App | None:
 
 class Config(uvicorn.Config):
     """uvicorn's configuration, with the limits of :mod:`coalescer.web.connections` (pickled
-    with it to each worker process)."""
+    with it to each worker process). Without WebSockets (the app has no WebSocket route): a
+    request to upgrade is an ordinary request, which the app answers."""
 
     def __init__(self, *args: Any, connection_limits: ConnectionLimits, **kwargs: Any) -> None:
+        kwargs.setdefault("ws", "none")
         super().__init__(*args, **kwargs)
         self.connection_limits = connection_limits
 
@@ -197,12 +199,6 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         if self.timeout_keep_alive_task is not None:  # left by uvicorn after an error
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
-
-    def handle_websocket_upgrade(self) -> None:
-        # The connection goes to uvicorn's WebSocket protocol (which the app refuses: it has no
-        # WebSocket route), and out of the gate.
-        self._gate.forget(self)
-        super().handle_websocket_upgrade()
 
     def waiting(self) -> bool:
         """Open, and waiting for its client: idle, or reading a request head (for the gate)."""

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -103,7 +102,12 @@ async def _crash(request: Request, exc: Exception) -> Response:
 
 
 async def _metrics(request: Request) -> Response:
-    body = await exposition(request.app.state.store, request.app.state.health)
+    settings = request.app.state.settings
+    body = await exposition(
+        request.app.state.store,
+        request.app.state.health,
+        multiproc_dir=settings.prometheus_multiproc_dir,
+    )
     body += await lineage.exposition(request)
     return Response(
         body,
@@ -318,7 +322,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         },
     )
     app.state.settings = settings
-    app.state.commit = os.environ.get("SOURCE_COMMIT", "unknown")
+    app.state.commit = settings.source_commit
     app.state.learner = None  # set by the lifespan when TASKCLUSTER_ROOT_URL is (ingest.learn)
     app.state.health = Health()
     app.state.recorder = None  # set by the lifespan when COALESCER_RECORD_FILE is

@@ -24,7 +24,8 @@ DOCS = ROOT / "docs"
 
 #: Environment variables the package reads: ours, and the platform's and Taskcluster's names.
 _SETTING = re.compile(
-    r"""["']((?:COALESCER|PULSE|TASKCLUSTER|PROMETHEUS)_[A-Z_]+|REDIS_URL|PORT|SOURCE_COMMIT)["']"""
+    r"""["']((?:COALESCER|PULSE|TASKCLUSTER|PROMETHEUS)_[A-Z_]+|REDIS_URL|PORT|SOURCE_COMMIT|"""
+    r"""WEB_CONCURRENCY)["']"""
 )
 #: A metric's name where it is defined: a prometheus-client constructor, or a name followed by
 #: its help text in a table of gauges.
@@ -54,6 +55,41 @@ def test_every_setting_the_package_reads_is_documented() -> None:
     page = (DOCS / "reference" / "settings.md").read_text()
     missing = sorted(n for n in names if f"`{n}`" not in page)
     assert not missing, f"add these to docs/reference/settings.md: {missing}"
+
+
+def _environment_reads(source: str) -> list[str]:
+    """The names ``source`` reads from the environment: ``os.environ.get(NAME)``,
+    ``os.environ[NAME]`` (not as the target of an assignment or ``del``), ``os.getenv(NAME)``."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and node.args:
+            func = ast.unparse(node.func)
+            if func.endswith(("environ.get", "getenv")):
+                names.append(node.args[0])
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            if ast.unparse(node.value).endswith("environ"):
+                names.append(node.slice)
+    return [n.value for n in names if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def test_every_setting_is_read_through_settings_alone() -> None:
+    """A documented setting is read from the environment in settings.py only (where it is
+    validated), never elsewhere."""
+    page = (DOCS / "reference" / "settings.md").read_text()
+    documented = set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)`", page, re.M))
+    assert {"REDIS_URL", "WEB_CONCURRENCY", "SOURCE_COMMIT"} <= documented  # the scan works
+    assert _environment_reads("os.environ['A'] = os.environ.get('B') or os.getenv('C')") == [
+        "B",
+        "C",
+    ]
+    elsewhere = sorted(
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "settings.py"
+        for name in _environment_reads(path.read_text())
+        if name in documented
+    )
+    assert not elsewhere, f"read these through coalescer.settings.Settings: {elsewhere}"
 
 
 def test_every_metric_the_package_defines_is_documented() -> None:

@@ -109,7 +109,8 @@ def finish(state: State, query: Query, now_ms: int, snap: model.KeySnapshot) -> 
 
 
 class KeyEndpoint:
-    """``GET /<key-path>?taskId=`` → ``{"supersedes": [...]}``, oldest first (seed 000).
+    """``GET /<key-path>?taskId=`` → ``{"supersedes": [...]}``, oldest first
+    (docs/explanation/protocol.md).
 
     A plain ASGI endpoint: it is the service's hot path, so it skips building a Request and a
     Response. Without ``taskId`` it serves the key's pending tasks, as JSON or as a page.

@@ -145,6 +145,18 @@ def test_no_page_names_documents_a_reader_does_not_have(page: str) -> None:
         assert phrase not in text, f"{page} mentions {phrase!r}"
 
 
+@pytest.mark.parametrize("folder", ["coalescer", "tests", "tests_taskcluster", "bench", "scripts"])
+def test_no_comment_cites_a_document_outside_the_repository(folder: str) -> None:
+    cited = [
+        f"{path.relative_to(ROOT)}: {phrase}"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != Path(__file__).resolve()
+        for phrase in ("SPEC", "seed 0", "seed's", "seeds/")
+        if phrase in path.read_text()
+    ]
+    assert not cited, f"cite the repository's docs or a public document by name: {cited}"
+
+
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
 _PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 

@@ -92,6 +92,31 @@ def test_every_setting_is_read_through_settings_alone() -> None:
     assert not elsewhere, f"read these through coalescer.settings.Settings: {elsewhere}"
 
 
+def test_no_metric_is_labelled_by_coalescing_key() -> None:
+    """A series per key would make up to COALESCER_MAX_KEYS series: label by rule, source,
+    outcome..., and keep per-key figures on the pages and the API."""
+    labelled = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = ast.unparse(node.func).rsplit(".", 1)[-1]
+            if name not in ("Counter", "Gauge", "Histogram", "Summary") and not name.endswith(
+                "MetricFamily"
+            ):
+                continue
+            labels = [
+                *node.args[2:3],
+                *(k.value for k in node.keywords if "label" in (k.arg or "")),
+            ]
+            for value in labels:
+                if isinstance(value, ast.List | ast.Tuple) and any(
+                    isinstance(e, ast.Constant) and e.value == "key" for e in value.elts
+                ):
+                    labelled.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not labelled, f"metrics labelled by key: {labelled}"
+
+
 def test_every_metric_the_package_defines_is_documented() -> None:
     names = {a or b for a, b in _METRIC.findall(_sources())}
     assert {"coalescer_events", "coalescer_store_up", "coalescer_index_complete"} <= names

@@ -108,6 +108,11 @@ def finish(state: State, query: Query, now_ms: int, snap: model.KeySnapshot) -> 
     return orjson.dumps({"supersedes": answer})
 
 
+#: The scope entry that carries a store failure met on the fast path (coalescer.web.fastpath)
+#: to this endpoint, which raises it for the app's exception handlers to answer.
+FAILED = "coalescer.fast_path.failed"
+
+
 class KeyEndpoint:
     """``GET /<key-path>?taskId=`` → ``{"supersedes": [...]}``, oldest first
     (docs/explanation/protocol.md).
@@ -117,6 +122,8 @@ class KeyEndpoint:
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (failed := scope.pop(FAILED, None)) is not None:
+            raise failed  # met on the fast path: answered by the app's exception handlers
         body = await self.answer(scope)
         if body is None:
             await _key_listing(scope, receive, send)

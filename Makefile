@@ -45,6 +45,7 @@ test: $(TEST_STAMP) $(LOWEST_STAMP)
 	$(BIN)/ruff check coalescer tests tests_taskcluster
 	$(BIN)/ruff format --check coalescer tests tests_taskcluster
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache && $(BIN)/deptry coalescer
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
 	@echo "== the suite again, at the lowest versions (.venv-lowest)"

@@ -56,7 +56,8 @@ from serving import (
 )
 
 REDIS_URL = os.environ.get("COALESCER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-#: Ratio the query must reach against the bare endpoint on the mix (SPEC.md, section 6).
+#: Ratio the query must reach against the bare endpoint on the mix: 90% of its requests/s
+#: (docs/performance.md compares them).
 TARGET = 0.9
 
 

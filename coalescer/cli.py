@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING
 
 from coalescer import __version__
 from coalescer.errors import CoalescerError, ConfigError
-from coalescer.settings import Settings
+from coalescer.settings import Settings, workers
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
 log = logging.getLogger("coalescer")
-#: More web processes than this is a typo, not a machine.
-MAX_WORKERS = 256
 #: How ``serve --workers`` tells its worker processes its pid (see _end_with_serve).
 _SERVE_PID = "COALESCER_SERVE_PID"
 _PR_SET_PDEATHSIG = 1
@@ -42,15 +40,11 @@ PLUGINS = (
 )
 
 
-def _workers(args: argparse.Namespace) -> int:
+def _workers(args: argparse.Namespace, settings: Settings) -> int:
     """``--workers``, else ``WEB_CONCURRENCY`` (the PaaS convention), else 1."""
-    if args.workers is not None:
-        raw, name = str(args.workers), "--workers"
-    else:
-        raw, name = os.environ.get("WEB_CONCURRENCY", "").strip() or "1", "WEB_CONCURRENCY"
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_WORKERS:
-        raise ConfigError(f"{name} must be a whole number from 1 to {MAX_WORKERS}, not {raw!r}")
-    return int(raw)
+    if args.workers is None:
+        return settings.web_concurrency
+    return workers("--workers", str(args.workers))
 
 
 def _port(args: argparse.Namespace, settings: Settings) -> int:
@@ -65,8 +59,8 @@ def worker_app() -> Starlette:
     from coalescer import logs
     from coalescer.web.app import create_app
 
-    _end_with_serve(int(os.environ.get(_SERVE_PID, "0")))
     settings = Settings.from_environ()
+    _end_with_serve(settings.serve_pid)
     logs.setup(settings.log_level, settings.log_json)
     return create_app(settings)
 
@@ -78,10 +72,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     host = args.host or settings.host
     port = _port(args, settings)
-    workers = _workers(args)
-    if workers > 1 and settings.redis_url is None:
+    processes = _workers(args, settings)
+    if processes > 1 and settings.redis_url is None:
         raise ConfigError(
-            f"{workers} worker processes need REDIS_URL: the embedded store lives in one process"
+            f"{processes} worker processes need REDIS_URL: the embedded store lives in one process"
         )
     limits = hold(
         ConnectionLimits(
@@ -97,10 +91,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         f"[{host}]" if ":" in host else host,
         bound,
         "redis" if settings.redis_url else "embedded",
-        f"{workers} worker processes" if workers > 1 else "one process",
+        f"{processes} worker processes" if processes > 1 else "one process",
     )
     try:
-        if workers == 1:
+        if processes == 1:
             serve(
                 create_app(settings),
                 sock=sock,
@@ -109,12 +103,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             )
         else:
             os.environ[_SERVE_PID] = str(os.getpid())
-            with _metrics_dir():
+            with _metrics_dir(settings):
                 serve(
                     f"{__name__}:worker_app",
                     sock=sock,
                     max_header_bytes=settings.max_header_bytes,
-                    workers=workers,
+                    workers=processes,
                     limits=limits,
                 )
     finally:
@@ -135,11 +129,12 @@ def _end_with_serve(serve_pid: int) -> None:
 
 
 @contextlib.contextmanager
-def _metrics_dir() -> Iterator[None]:
+def _metrics_dir(settings: Settings) -> Iterator[None]:
     """A private ``PROMETHEUS_MULTIPROC_DIR`` for the worker processes, so that ``/metrics``
     adds up every process's counters; removed at the end. One already set is used as is (a
-    process manager's, shared by several ``serve``): it is not emptied."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    process manager's, shared by several ``serve``): it is not emptied. (The worker processes
+    read it through their :class:`Settings`, prometheus-client from their environment.)"""
+    if settings.prometheus_multiproc_dir:
         yield
         return
     path = tempfile.mkdtemp(prefix="coalescer-metrics-")

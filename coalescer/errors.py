@@ -14,11 +14,15 @@
     │                        or an event that can never apply
     ├── ingest.rebuild.ListingFailed         a queue listing could not be read to its end
     ├── ingest.startup.RebuildIncomplete     serve's rebuild of the embedded store missed some
+    ├── replay.sources.SourceError           a replay's history cannot be read
+    ├── replay.links.LinkError               a replay's link (the queue, the service) did not
+    │                                        answer
     ├── web.server.BindError                 the address to serve on cannot be bound
     └── worker.protocol.SupersederError      a superseder's answer cannot be used (the task
                                              then runs alone)
 
-Only ``coalescer.web`` maps these to HTTP status codes.
+Only ``coalescer.web`` maps these to HTTP status codes. A new class goes in this drawing too:
+``tests/unit/test_errors.py`` fails on one that is missing or under another parent.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from coalescer.backoff import JITTER, Backoff
 from coalescer.errors import ConfigError, StoreUnavailable
 from coalescer.logs import Throttled
 from coalescer.model import format_time_ms
@@ -184,9 +185,13 @@ _ANSWERED_ALONE = "tasks pending since before then are answered alone until they
 class Supervisor:
     """Runs a process's background tasks and keeps them running; :meth:`stop` ends them all."""
 
-    def __init__(self, health: Health) -> None:
+    def __init__(self, health: Health, *, jitter: float = JITTER) -> None:
         self.health = health
+        self.jitter = jitter  # of each wait after a failure (coalescer.backoff)
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _backoff(self, initial: float) -> Backoff:
+        return Backoff(initial, maximum=MAX_BACKOFF, jitter=self.jitter)
 
     def every(self, name: str, seconds: float, job: Callable[[], Awaitable[object]]) -> None:
         """Run ``job`` now and every ``seconds``; a failed round is retried later and later."""
@@ -218,7 +223,8 @@ class Supervisor:
     ) -> None:
         state = self.health.loop(name)
         throttled = Throttled(log)
-        delay = seconds
+        # After a failure: twice the period, then longer (up to MAX_BACKOFF).
+        backoff = self._backoff(min(seconds * 2, MAX_BACKOFF))
         while True:
             try:
                 await job()
@@ -226,10 +232,11 @@ class Supervisor:
                 raise
             except Exception as exc:
                 _still_cancelled(exc)
-                delay = min(delay * 2, MAX_BACKOFF)
+                delay = backoff.next()
                 self._failed(state, exc, throttled, "failed; next try in", delay)
             else:
                 state.failures, state.last_ok, delay = 0, time.time(), seconds
+                backoff.reset()
             _still_cancelled(None)
             await asyncio.sleep(delay)
 
@@ -241,7 +248,7 @@ class Supervisor:
     ) -> None:
         state = self.health.loop(name)
         throttled = Throttled(log)
-        delay = 1.0
+        backoff = self._backoff(1.0)
         while True:
             started = time.monotonic()
             state.last_ok = time.time()
@@ -257,11 +264,11 @@ class Supervisor:
             except Exception as exc:
                 _still_cancelled(exc)
                 if time.monotonic() - started > MAX_BACKOFF:
-                    delay = 1.0  # it ran a while: start backing off afresh
+                    backoff.reset()  # it ran a while: start backing off afresh
+                delay = backoff.next()
                 self._failed(state, exc, throttled, "stopped; restarting in", delay, expected)
                 state.restarts += 1
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_BACKOFF)
 
     @staticmethod
     def _failed(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -385,19 +384,22 @@ class _IndexGauges(Collector):
         yield failing
 
 
-def _process_registry() -> CollectorRegistry:
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+def _process_registry(multiproc_dir: str | None) -> CollectorRegistry:
+    if multiproc_dir:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        multiprocess.MultiProcessCollector(registry, multiproc_dir)  # type: ignore[no-untyped-call]
         return registry
     return REGISTRY
 
 
-async def exposition(store: Store, health: Health | None = None) -> bytes:
-    """The ``/metrics`` body: this service's counters (every process's, in multiprocess mode),
-    the index gauges, read now, and this process's ``health``."""
+async def exposition(
+    store: Store, health: Health | None = None, *, multiproc_dir: str | None = None
+) -> bytes:
+    """The ``/metrics`` body: this service's counters (every process's, from the files in
+    ``multiproc_dir``: ``PROMETHEUS_MULTIPROC_DIR``), the index gauges, read now, and this
+    process's ``health``."""
     now_ms = int(time.time() * 1000)
     totals: keyset.Totals | None = None
     up = True
@@ -409,4 +411,4 @@ async def exposition(store: Store, health: Health | None = None) -> bytes:
         up = False
     gauges = CollectorRegistry(auto_describe=False)
     gauges.register(_IndexGauges(totals, up, now_ms, health))
-    return generate_latest(_process_registry()) + generate_latest(gauges)
+    return generate_latest(_process_registry(multiproc_dir)) + generate_latest(gauges)

@@ -48,6 +48,13 @@ def redact_url(url: str) -> str:
     return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
+#: ``COALESCER_LOG_LEVEL``'s values (any case), as the logging module names its levels.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: ``COALESCER_LOG_FORMAT``'s values (any case): one JSON object per line, or plain text.
+LOG_FORMATS = ("json", "text")
+#: More web processes than this is a typo, not a machine.
+MAX_WORKERS = 256
+
 _FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
@@ -109,6 +116,16 @@ class Settings:
     history_bucket_seconds: int = 60
     #: ``COALESCER_HISTORY_BUCKETS``: how many buckets are kept (a minute each for 24 hours)
     history_buckets: int = 1440
+    #: ``WEB_CONCURRENCY`` (the PaaS convention): web processes of ``coalescer serve`` when
+    #: ``--workers`` is not given
+    web_concurrency: int = 1
+    #: ``SOURCE_COMMIT``: the commit ``/__version__`` names (the Dockerfile's build argument)
+    source_commit: str = "unknown"
+    #: ``PROMETHEUS_MULTIPROC_DIR``: where web processes keep their metrics for ``/metrics`` to
+    #: add up (prometheus-client reads it from the environment too)
+    prometheus_multiproc_dir: str | None = None
+    #: ``COALESCER_SERVE_PID``, set by ``serve --workers N`` for its web processes: its pid
+    serve_pid: int = 0
 
     @property
     def retention(self) -> Retention:
@@ -157,6 +174,15 @@ class Settings:
                 raise ConfigError(f"{name} must be more than 0 and at most 60, not {raw}")
             return value
 
+        def choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+            raw = get(name)
+            if raw is None:
+                return default
+            value = raw.strip().lower()
+            if value not in (c.lower() for c in choices):
+                raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
+            return value
+
         prefix = get("COALESCER_ROUTE_PREFIX") or cls.route_prefix
         if not _PREFIX_RE.fullmatch(prefix):
             raise ConfigError(f"COALESCER_ROUTE_PREFIX {prefix!r} is not a dotted route prefix")
@@ -193,13 +219,19 @@ class Settings:
             pulse_max_length=integer("COALESCER_PULSE_MAX_LENGTH", cls.pulse_max_length, 1),
             record_file=get("COALESCER_RECORD_FILE"),
             record_max_bytes=integer("COALESCER_RECORD_MAX_BYTES", cls.record_max_bytes, 1024),
-            log_level=(get("COALESCER_LOG_LEVEL") or cls.log_level).upper(),
-            log_json=(get("COALESCER_LOG_FORMAT") or "json") == "json",
+            log_level=choice("COALESCER_LOG_LEVEL", cls.log_level, LOG_LEVELS).upper(),
+            log_json=choice("COALESCER_LOG_FORMAT", "json", LOG_FORMATS) == "json",
             policy_file=get("COALESCER_POLICY_FILE"),
             history_bucket_seconds=integer(
                 "COALESCER_HISTORY_BUCKET_SECONDS", cls.history_bucket_seconds, 1
             ),
             history_buckets=integer("COALESCER_HISTORY_BUCKETS", cls.history_buckets, 2),
+            web_concurrency=workers("WEB_CONCURRENCY", get("WEB_CONCURRENCY"), cls.web_concurrency),
+            source_commit=_commit(get("SOURCE_COMMIT")) or cls.source_commit,
+            serve_pid=integer("COALESCER_SERVE_PID", 0, 0),
+            prometheus_multiproc_dir=_directory(
+                "PROMETHEUS_MULTIPROC_DIR", get("PROMETHEUS_MULTIPROC_DIR")
+            ),
         )
         if values["history_buckets"] > 100_000:
             raise ConfigError("COALESCER_HISTORY_BUCKETS must be at most 100000")
@@ -236,6 +268,35 @@ def redis_url(url: str | None, name: str = "REDIS_URL") -> str | None:
     if not ok:
         raise ConfigError(f"{name} must be {REDIS_URL_FORM}, not {redact_url(url)!r}")
     return url
+
+
+def workers(name: str, raw: str | None, default: int = 1) -> int:
+    """A number of web processes (``WEB_CONCURRENCY``, ``serve --workers``): 1 to
+    :data:`MAX_WORKERS`."""
+    if raw is None:
+        return default
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_WORKERS:
+        raise ConfigError(f"{name} must be a whole number from 1 to {MAX_WORKERS}, not {raw!r}")
+    return int(raw)
+
+
+def _commit(value: str | None) -> str | None:
+    """``SOURCE_COMMIT``: a commit id or a ref name, shown as is on ``/__version__``."""
+    if value is None:
+        return None
+    if len(value) > 200 or not value.isascii() or not value.isprintable() or " " in value:
+        raise ConfigError(f"SOURCE_COMMIT must be a commit id or a ref name, not {value[:40]!r}")
+    return value
+
+
+def _directory(name: str, path: str | None) -> str | None:
+    """A setting naming a folder the process writes to: one that exists and is writable."""
+    if path is None:
+        return None
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name} must name a folder this process can write to, not {path!r}")
+    return path
 
 
 def _http_url(name: str, url: str | None) -> str | None:

@@ -3,6 +3,8 @@
 * ``requirements.txt``: the deploy lock. The runtime dependencies at the newest versions the
   ranges allowed when it was last refreshed, each with the hashes of its files, for every
   platform (``--universal``). What a Heroku-style build and ``deploy/Dockerfile`` install.
+  Resolved together with the test extra (as constraints), so that the suite can run on exactly
+  these versions: a test tool's cap (schemathesis on jsonschema-rs) caps what ships too.
 * ``constraints-lowest.txt``: the lowest-direct resolution. Every direct dependency, the test
   extra's included, at its declared lower bound (what lies beneath at the newest that allows),
   for Linux and Python 3.11: what ``make test`` installs into ``.venv-lowest`` to run the suite
@@ -70,12 +72,41 @@ def compile_to(name: str, out: Path) -> None:
     """``name`` compiled into ``out``, whose current pins (if any) are preferred."""
     command = [uv(), "pip", "compile", "pyproject.toml", "--quiet", "--no-header"]
     command += ["--python-version", PYTHON, *FILES[name], "--output-file", str(out)]
+    if name == "requirements.txt":
+        # The runtime and the test extra resolved together first (the current pins preferred):
+        # the deploy lock then holds versions the whole suite can be installed with.
+        together = out.with_name("with-test.txt")
+        if out.exists():
+            shutil.copyfile(out, together)
+        _run(
+            [
+                uv(),
+                "pip",
+                "compile",
+                "pyproject.toml",
+                "--quiet",
+                "--no-header",
+                "--extra",
+                "test",
+                "--universal",
+                "--python-version",
+                PYTHON,
+                "--output-file",
+                str(together),
+            ],
+            f"{name} (with the test extra)",
+        )
+        command += ["--constraint", str(together)]
+    _run(command, name)
+    out.write_text(HEADER[name] + out.read_text())
+
+
+def _run(command: list[str], what: str) -> None:
     # From the registry (PyPI, or UV_INDEX_URL): uv's --offline resolves from whatever its
     # cache happens to hold, which is not the lowest version a new bound allows.
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
-        sys.exit(f"[lock] uv pip compile failed for {name}:\n{done.stderr}")
-    out.write_text(HEADER[name] + out.read_text())
+        sys.exit(f"[lock] uv pip compile failed for {what}:\n{done.stderr}")
 
 
 def pins(text: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""Artifact rules (seed 003 "Uploading Artifacts"), as pure functions on a task.
+"""Artifact rules (Taskcluster's manual, "Queue-Worker Interaction": uploading artifacts), as
+pure functions on a task.
 
 ``s3`` artifacts get a ``putUrl`` on the emulator itself, whose bytes are kept in memory;
 ``reference``, ``link`` and ``error`` artifacts are complete on creation. ``object`` artifacts

@@ -1,4 +1,5 @@
-"""The worker interface (seed 003): claiming, reclaiming and resolving runs.
+"""The worker interface (Taskcluster's manual, "Queue-Worker Interaction"): claiming, reclaiming and
+resolving runs.
 
 Plain functions on a :class:`~coalescer.emulator.state.QueueState`; each takes ``now`` and
 returns ``(response body, messages to publish)`` or raises a QueueError. Only the last run of a

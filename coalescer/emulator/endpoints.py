@@ -56,9 +56,10 @@ async def status(call: Call) -> Any:
 
 def _bulk(call: Call, field: str, describe: Any) -> Any:
     """``tasks`` and ``statuses``: one entry per requested task that exists, as the real queue's
-    database answers: unknown and repeated ids left out, in the order the tasks were created,
-    neither the request's nor taskId order (its query has no ``ORDER BY``: it answers in the
-    order its ``tasks`` table holds the rows); paged like the other listings."""
+    database answers: unknown and repeated ids left out, neither in the request's nor in taskId
+    order. The real query has no ``ORDER BY``, so it answers in the order its ``tasks`` table
+    holds the rows: creation order at first, changed as updated rows move. This answers in
+    creation order, one order the real queue can give; paged like the other listings."""
 
     def query() -> dict[str, Any]:
         wanted = set(call.body.get("taskIds", []))

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from coalescer.backoff import Backoff
 from coalescer.emulator.messages import Message
 from coalescer.settings import redact_url
 
@@ -151,7 +152,7 @@ class _Outbox:
         self.wakeup = asyncio.Event()
         self.idle = asyncio.Event()
         self.idle.set()
-        self._backoff, self._max_backoff = backoff, max_backoff
+        self._backoff = Backoff(backoff, maximum=max_backoff)
         self.task: asyncio.Task[None] | None = None
 
     def put(self, messages: Sequence[Message]) -> None:
@@ -160,7 +161,6 @@ class _Outbox:
         self.wakeup.set()
 
     async def run(self) -> None:
-        delay = self._backoff
         while True:
             if not self.pending:
                 self.idle.set()
@@ -171,13 +171,13 @@ class _Outbox:
             try:
                 await self.sink.send(batch)
             except DeliveryError as exc:
+                delay = self._backoff.next()
                 log.warning("%s delivery failed, retrying in %.1fs: %s", self.sink.name, delay, exc)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._max_backoff)
                 continue
             for _ in batch:
                 self.pending.popleft()
-            delay = self._backoff
+            self._backoff.reset()
 
 
 class Publisher:

@@ -1,6 +1,7 @@
-"""The task life-cycle (seed 002) as pure state transitions: creation, dependencies,
-scheduling, cancellation, reruns, claim expiry, deadlines and expiry. The worker's side (claims and
-resolutions, seed 003) is in :mod:`coalescer.emulator.claims`; task groups and priorities
+"""The task life-cycle (Taskcluster's manual, "Task Life-Cycle") as pure state transitions:
+creation, dependencies, scheduling, cancellation, reruns, claim expiry, deadlines and expiry. The
+worker's side (claims and resolutions, "Queue-Worker Interaction") is in
+:mod:`coalescer.emulator.claims`; task groups and priorities
 (sealing, canceling a group, changing priorities) in :mod:`coalescer.emulator.groups`.
 
 Every operation takes ``now`` and returns ``(response body, messages to publish)``; nothing here
@@ -47,7 +48,8 @@ class Timing:
     claim_timeout: timedelta = timedelta(minutes=20)
     #: temporary credentials outlive their takenUntil by this much
     credential_grace: timedelta = timedelta(minutes=1)
-    #: artifacts may still be created this long after a run is resolved exception (seed 003)
+    #: artifacts may still be created this long after a run is resolved exception
+    #: ("Queue-Worker Interaction")
     artifact_grace: timedelta = timedelta(minutes=20)
     #: an unresolved task is resolved deadline-exceeded this long after its deadline (the real
     #: queue's ``deadlineDelay``; its resolver then polls, so it acts within 20 s more)

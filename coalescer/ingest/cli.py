@@ -282,7 +282,7 @@ async def _reconcile_async(args: argparse.Namespace, settings: Settings) -> int:
         async with queue_client(settings.taskcluster_root_url) as queue:
             while True:
                 once = _rebuild(store, queue, args, settings) if args.rebuild else None
-                round_ = asyncio.create_task(once or _reconcile_once(store, queue, args))
+                round_ = asyncio.create_task(once or _reconcile_once(store, queue, args, settings))
                 stopped = asyncio.create_task(stop.wait())
                 await asyncio.wait({round_, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 stopped.cancel()
@@ -311,10 +311,13 @@ async def _reconcile_async(args: argparse.Namespace, settings: Settings) -> int:
         await store.close()
 
 
-async def _reconcile_once(store: Any, queue: Any, args: argparse.Namespace) -> Any:
+async def _reconcile_once(
+    store: Any, queue: Any, args: argparse.Namespace, settings: Settings
+) -> Any:
     from tqdm import tqdm
 
     from coalescer.ingest.reconcile import indexed_tasks, queue_fetcher, reconcile
+    from coalescer.store.census import Limits
 
     keys, tasks = await indexed_tasks(store)
     disable = None if args.progress is None else not args.progress
@@ -328,6 +331,7 @@ async def _reconcile_once(store: Any, queue: Any, args: argparse.Namespace) -> A
             concurrency=args.concurrency,
             batch=args.batch,
             progress=bar.update,
+            limits=Limits(settings.max_keys, settings.max_tasks),
         )
     summary.keys = keys
     return summary
@@ -337,6 +341,7 @@ async def _rebuild(store: Any, queue: Any, args: argparse.Namespace, settings: S
     from tqdm import tqdm
 
     from coalescer.ingest.rebuild import ListingFailed, rebuild_index
+    from coalescer.store.census import Limits
 
     disable = None if args.progress is None else not args.progress
     with tqdm(total=0, desc="rebuild", unit="task", file=sys.stderr, disable=disable) as bar:
@@ -357,6 +362,7 @@ async def _rebuild(store: Any, queue: Any, args: argparse.Namespace, settings: S
                 batch=args.batch,
                 found=found,
                 progress=bar.update,
+                limits=Limits(settings.max_keys, settings.max_tasks),
             )
         except ListingFailed as exc:
             raise ConfigError(

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from coalescer.backoff import Backoff
 from coalescer.errors import ConfigError, InvalidEvent, StoreUnavailable
 from coalescer.health import Supervisor
 from coalescer.ingest import amqp, topology
@@ -347,7 +348,7 @@ class Consumer:
             return [await self._isolated(ev) for ev in events]
 
     async def _apply_held(self, events: Sequence[TaskEvent]) -> list[str]:
-        delay = 0.2
+        backoff = Backoff(0.2, maximum=30.0)
         try:
             while True:
                 try:
@@ -359,17 +360,16 @@ class Consumer:
                 except StoreUnavailable as exc:
                     STORE_ERRORS.labels(exc.reason).inc()
                     HELD.set(len(events))
+                    delay = backoff.next()
                     self._held_log.log(
                         logging.WARNING,
-                        "store unavailable (%s); holding %d events, retrying every %.1f s at "
-                        "most: %s",
+                        "store unavailable (%s); holding %d events, retrying in %.1f s: %s",
                         exc.reason,
                         len(events),
                         delay,
                         exc,
                     )
                     await asyncio.sleep(delay)
-                    delay = min(delay * 2, 30.0)
         finally:
             HELD.set(0)
 

@@ -35,6 +35,7 @@ from coalescer.ingest.reconcile import StatusFetcher, queue_fetcher
 from coalescer.model import TaskEvent, keys_from_routes
 from coalescer.settings import queue_credentials
 from coalescer.store import Store
+from coalescer.store.census import Limits
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ class RebuildSummary:
     expired: int = 0
     gone: int = 0
     failed: int = 0
+    #: Not indexed: past COALESCER_MAX_KEYS/COALESCER_MAX_TASKS (as ingest would refuse them).
+    limited: int = 0
     incomplete: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
@@ -129,6 +132,8 @@ class RebuildSummary:
             f"{self.seconds:.1f} s: {self.indexed} indexed, {self.unchanged} already known, "
             f"{self.expired} expired, {self.gone} gone from the queue, {self.failed} failed"
         )
+        if self.limited:
+            head += f", {self.limited} past the index's limits"
         if self.incomplete:
             head += f"; INCOMPLETE, {len(self.incomplete)} listings not read to the end"
         return head
@@ -185,10 +190,11 @@ async def rebuild(
     batch: int = 500,
     found: Callable[[int], object] | None = None,
     progress: Callable[[int], object] | None = None,
+    limits: Limits | None = None,
 ) -> RebuildSummary:
     """Read ``listings`` page by page (up to ``concurrency`` at once), and index their tasks:
     ``batch`` tasks per status request, at most ``concurrency`` requests in flight, each
-    batch's events applied in one round trip. ``found(n)`` is told of tasks as they are listed,
+    batch's events applied in one round trip, held to ``limits`` as ingest is. ``found(n)`` is told of tasks as they are listed,
     ``progress(n)`` as they are applied."""
     started = time.monotonic()
     summary = RebuildSummary()
@@ -247,11 +253,13 @@ async def rebuild(
                 summary.unchanged += 1
             else:
                 events.append(event)
-        for outcome in await store.apply(events) if events else []:
+        for outcome in await store.apply(events, limits=limits) if events else []:
             if outcome == "applied":
                 summary.indexed += 1
             elif outcome == "expired":
                 summary.expired += 1
+            elif outcome == "limited":
+                summary.limited += 1
             else:
                 summary.unchanged += 1
 
@@ -303,6 +311,7 @@ async def rebuild_index(
     batch: int = 500,
     found: Callable[[int], object] | None = None,
     progress: Callable[[int], object] | None = None,
+    limits: Limits | None = None,
 ) -> RebuildSummary:
     """Rebuild the index from ``task_queues`` and ``task_groups`` (every active task queue when
     both are empty: :exc:`ListingFailed` when they cannot be listed), then mark it rebuilt when
@@ -326,6 +335,7 @@ async def rebuild_index(
         batch=batch,
         found=found,
         progress=progress,
+        limits=limits,
     )
     if summary.complete:
         marker = await store.mark_rebuilt(int(time.time() * 1000), started_ms=started)

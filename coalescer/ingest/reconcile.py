@@ -24,6 +24,7 @@ from coalescer.ingest import validation
 from coalescer.ingest.events import status_event
 from coalescer.model import TaskEvent
 from coalescer.store import Store
+from coalescer.store.census import Limits
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class Summary:
     expired: int = 0
     removed: int = 0
     failed: int = 0
+    #: Not indexed where the index lacks them: past COALESCER_MAX_KEYS/COALESCER_MAX_TASKS.
+    limited: int = 0
     seconds: float = 0.0
 
     def line(self) -> str:
@@ -56,7 +59,7 @@ class Summary:
             f"reconciled {self.tasks} tasks under {self.keys} keys in {self.seconds:.1f} s: "
             f"{self.fixed} fixed, {self.unchanged} already right, {self.removed} removed "
             f"(unknown to the queue), {self.expired} expired, {self.failed} failed"
-        )
+        ) + (f", {self.limited} past the index's limits" if self.limited else "")
 
 
 async def indexed_tasks(store: Store) -> tuple[int, dict[str, Indexed]]:
@@ -138,10 +141,11 @@ async def reconcile(
     concurrency: int = 4,
     batch: int = 500,
     progress: Callable[[int], object] | None = None,
+    limits: Limits | None = None,
 ) -> Summary:
     """Check ``tasks`` (from :func:`indexed_tasks`), ``batch`` tasks per status request with at
     most ``concurrency`` requests in flight; each batch's events are applied in one round
-    trip."""
+    trip, held to ``limits`` as ingest is."""
     started = time.monotonic()
     summary = Summary(tasks=len(tasks))
     todo = list(tasks.items())
@@ -176,11 +180,13 @@ async def reconcile(
                 events.append(event)
         for key, task_ids in unknown.items():
             await store.forget(key, task_ids)
-        for outcome in await store.apply(events) if events else []:
+        for outcome in await store.apply(events, limits=limits) if events else []:
             if outcome == "applied":
                 summary.fixed += 1
             elif outcome == "expired":
                 summary.expired += 1
+            elif outcome == "limited":
+                summary.limited += 1
             else:
                 summary.unchanged += 1
 

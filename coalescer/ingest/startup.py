@@ -24,6 +24,7 @@ from coalescer.health import Health, Supervisor
 from coalescer.ingest.rebuild import ListingFailed, queue_client, rebuild_index
 from coalescer.settings import Settings
 from coalescer.store import Store
+from coalescer.store.census import Limits
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,11 @@ async def rebuild_at_start(settings: Settings, store: Store, health: Health) -> 
     async with queue_client(root_url) as queue:
         try:
             summary = await rebuild_index(
-                store, queue, prefix=settings.route_prefix, rank_tag=settings.rank_tag
+                store,
+                queue,
+                prefix=settings.route_prefix,
+                rank_tag=settings.rank_tag,
+                limits=Limits(settings.max_keys, settings.max_tasks),
             )
         except ListingFailed as exc:
             if exc.status in _FOR_GOOD:

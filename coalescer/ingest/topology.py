@@ -24,6 +24,7 @@ import aiormq.exceptions
 import taskcluster
 from aio_pika.abc import AbstractConnection
 
+from coalescer.backoff import Backoff
 from coalescer.errors import ConfigError
 from coalescer.ingest import amqp
 from coalescer.settings import redact_url
@@ -93,11 +94,12 @@ async def prepare(
     """Check (or create) the exchanges; declare the dead-letter exchange and queue, and the
     queue. A broker that is not up yet, or a connection that drops meanwhile, is waited for and
     tried again. Returns ``False`` when ``stop`` was set while waiting for the broker."""
-    delay = 1.0
+    backoff = Backoff(1.0, maximum=30.0)
     while True:
         connection = await _connect(url, connection_name, stop)
         if connection is None:
             return False
+        delay = backoff.next()
         try:
             await _declare(connection, url, queue, exchanges, max_length, declare_exchanges)
             return True
@@ -116,7 +118,6 @@ async def prepare(
             await asyncio.wait_for(stop.wait(), delay)
         if stop.is_set():
             return False
-        delay = min(delay * 2, 30.0)
 
 
 async def _declare(
@@ -165,7 +166,7 @@ def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | Non
 
 
 async def _connect(url: str, name: str, stop: asyncio.Event) -> AbstractConnection | None:
-    delay = 1.0
+    backoff = Backoff(1.0, maximum=30.0)
     while not stop.is_set():
         try:
             # The same heartbeat as the consumer's connection (aio-pika's default is 60 s).
@@ -189,6 +190,7 @@ async def _connect(url: str, name: str, stop: asyncio.Event) -> AbstractConnecti
                     f"trust ({untrusted.verify_message}); for a private CA, add "
                     "?cafile=/path/to/ca.pem to PULSE_URL or point SSL_CERT_FILE at it"
                 ) from exc
+            delay = backoff.next()
             log.warning(
                 "broker at %s unreachable (%s); retrying in %.0f s",
                 redact_url(url),
@@ -197,7 +199,6 @@ async def _connect(url: str, name: str, stop: asyncio.Event) -> AbstractConnecti
             )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
-        delay = min(delay * 2, 30.0)
     return None
 
 

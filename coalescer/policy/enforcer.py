@@ -41,15 +41,17 @@ from coalescer.worker.protocol import SupersedeAs
 
 log = logging.getLogger("coalescer.policy")
 
+# By rule, not by key: a label per coalescing key would make a series per key (up to
+# COALESCER_MAX_KEYS); the per-key figures are on the pages and GET /v1/policy.
 ACTIONS = Counter(
     "coalescer_enforcer_actions",
-    "Superseding decisions this enforcer carried out, by key, rule and result",
-    ["key", "rule", "result"],
+    "Superseding decisions this enforcer carried out, by rule and result",
+    ["rule", "result"],
 )
 SAVED = Counter(
     "coalescer_enforcer_saved_seconds",
-    "Worker time this enforcer saved (estimated from the key's recent run durations)",
-    ["key", "rule"],
+    "Worker time this enforcer saved (estimated from each key's recent run durations), by rule",
+    ["rule"],
 )
 #: Lineage states from which each kind of entry may move a victim.
 _INITIAL = ("decided",)
@@ -263,9 +265,9 @@ class Enforcer:
             # expired mid-action): give the run back rather than keep it forever.
             await self.actions.release(entry)
         if changed:
-            ACTIONS.labels(entry.key, entry.rule, result.state).inc()
+            ACTIONS.labels(entry.rule, result.state).inc()
             if saved:
-                SAVED.labels(entry.key, entry.rule).inc(saved / 1000)
+                SAVED.labels(entry.rule).inc(saved / 1000)
         return result
 
     async def _final(self, entry: outbox.Entry) -> outbox.Entry:

@@ -45,7 +45,8 @@ E = TypeVar("E", bound=enum.StrEnum)
 class Strategy(enum.StrEnum):
     """How a key's tasks supersede each other."""
 
-    #: today's protocol (SPEC §2): a worker asks when it claims; nothing happens on arrival
+    #: today's protocol (docs/explanation/protocol.md): a worker asks when it claims; nothing
+    #: happens on arrival
     ON_CLAIM = "on-claim"
     #: the newest live task supersedes every older pending one at once
     LATEST_WINS = "latest-wins"

@@ -12,12 +12,15 @@ Cluster: one per node, each command sent to the node redis-py's slot map names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import AskError, MovedError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -27,6 +30,17 @@ from coalescer.store.pipelined import PipelinedClient, ReplyError
 #: How many times one pipeline follows a changed slot map (a failover, a moved slot) before it
 #: gives up: the store then reports Redis unavailable, and its callers retry.
 REROUTES = 3
+
+
+def not_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` (raised by a node's pipeline) came before any command was sent: the
+    connection could not be made (refused, no route, timed out connecting). redis-py checks a
+    pooled connection before it uses one, so any other connection error or timeout comes after
+    the commands were written, and the node may have run them."""
+    message = str(exc)
+    return isinstance(exc, OSError | RedisConnectionError | RedisTimeoutError) and (
+        " connecting to " in message or message.startswith("Timeout connecting")
+    )
 
 
 class NodeClients:
@@ -49,6 +63,8 @@ class NodeClients:
                 ssl=self._ssl,
                 socket_connect_timeout=5,
                 socket_timeout=10,
+                # Never sent again by redis-py: after a timeout the node may have run them.
+                retry=Retry(NoBackoff(), 0),
             )
         return self._clients[node.name]
 
@@ -73,16 +89,25 @@ class ClusterPipeline:
         return queue
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        """Run the queued commands, each on the node that owns its slot. A node that answers
-        ``MOVED``/``ASK``, or cannot be reached, means the slot map is stale (a failover, a
-        slot moved): the map is read anew and those commands are sent again, up to
-        :data:`REROUTES` times. Sending again is safe for the store's writes (every script is
-        idempotent under its versions)."""
+        """Run the queued commands, each on the node that owns its slot.
+
+        Commands are sent again only where the node surely did not run them: it answered
+        ``MOVED``/``ASK``, or no connection to it could be made. That means the slot map is
+        stale (a failover, a slot moved): the map is read anew and those commands go to the
+        node it names, up to :data:`REROUTES` times. A node that timed out or dropped the
+        connection after the commands were written may have run them, and not every command is
+        idempotent (``HINCRBY`` counters, ``list.lua``'s census): that error is raised, after
+        the map is read anew, for the caller to handle as any unavailable store (the
+        commands other nodes ran stay run)."""
         await self._cluster.initialize()
         results: list[Any] = [None] * len(self._calls)
         todo = list(range(len(self._calls)))
         for attempt in range(REROUTES + 1):
-            stale, unreachable = await self._send(todo, results)
+            stale, unreachable, in_doubt = await self._send(todo, results)
+            if in_doubt is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._cluster.nodes_manager.initialize()
+                raise in_doubt
             if not stale and unreachable is None:
                 break
             if attempt == REROUTES:
@@ -99,10 +124,11 @@ class ClusterPipeline:
 
     async def _send(
         self, todo: list[int], results: list[Any]
-    ) -> tuple[list[int], RedisError | OSError | None]:
+    ) -> tuple[list[int], RedisError | OSError | None, RedisError | OSError | None]:
         """Send the commands ``todo`` (one pipeline per node, every node at once) and put their
         replies in ``results``. Returns the commands to send again (redirected, or on a node
-        that could not be reached) and the last error that made a node unreachable."""
+        no connection could be made to), the last error that made a node unreachable, and the
+        last error after which a node may have run its commands (see :func:`not_sent`)."""
         by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
         for i in todo:
             name, args, _ = self._calls[i]
@@ -123,16 +149,20 @@ class ClusterPipeline:
 
         stale: list[int] = []
         unreachable: RedisError | OSError | None = None
+        in_doubt: RedisError | OSError | None = None
         for indexes, replies in await asyncio.gather(*(run(n, ix) for n, ix in by_node.values())):
             if isinstance(replies, (RedisError, OSError)):
-                stale += indexes
-                unreachable = replies
+                if not_sent(replies):
+                    stale += indexes
+                    unreachable = replies
+                else:
+                    in_doubt = replies
                 continue
             for i, reply in zip(indexes, replies, strict=True):
                 results[i] = reply
                 if isinstance(reply, (MovedError, AskError)):
                     stale.append(i)
-        return sorted(stale), unreachable
+        return sorted(stale), unreachable, in_doubt
 
 
 class ClusterRouter:

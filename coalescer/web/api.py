@@ -108,14 +108,22 @@ def finish(state: State, query: Query, now_ms: int, snap: model.KeySnapshot) -> 
     return orjson.dumps({"supersedes": answer})
 
 
+#: The scope entry that carries a store failure met on the fast path (coalescer.web.fastpath)
+#: to this endpoint, which raises it for the app's exception handlers to answer.
+FAILED = "coalescer.fast_path.failed"
+
+
 class KeyEndpoint:
-    """``GET /<key-path>?taskId=`` → ``{"supersedes": [...]}``, oldest first (seed 000).
+    """``GET /<key-path>?taskId=`` → ``{"supersedes": [...]}``, oldest first
+    (docs/explanation/protocol.md).
 
     A plain ASGI endpoint: it is the service's hot path, so it skips building a Request and a
     Response. Without ``taskId`` it serves the key's pending tasks, as JSON or as a page.
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (failed := scope.pop(FAILED, None)) is not None:
+            raise failed  # met on the fast path: answered by the app's exception handlers
         body = await self.answer(scope)
         if body is None:
             await _key_listing(scope, receive, send)

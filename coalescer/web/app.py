@@ -6,22 +6,18 @@ named by ``settings.redis_url`` (embedded when unset) and closes it on shutdown.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
-import os
-import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coalescer import logs, upkeep
 from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreError, StoreUnavailable
@@ -32,6 +28,7 @@ from coalescer.observe import HTTP_ERRORS, STORE_ERRORS, Observer, exposition
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
 from coalescer.web import api, bisections, lineage, pages, tracing
+from coalescer.web.fastpath import FastPath
 from coalescer.web.ingest import post_events
 from coalescer.web.openapi import openapi
 from coalescer.web.responses import error, wants_html
@@ -103,7 +100,12 @@ async def _crash(request: Request, exc: Exception) -> Response:
 
 
 async def _metrics(request: Request) -> Response:
-    body = await exposition(request.app.state.store, request.app.state.health)
+    settings = request.app.state.settings
+    body = await exposition(
+        request.app.state.store,
+        request.app.state.health,
+        multiproc_dir=settings.prometheus_multiproc_dir,
+    )
     body += await lineage.exposition(request)
     return Response(
         body,
@@ -113,95 +115,12 @@ async def _metrics(request: Request) -> Response:
 
 
 class App(Starlette):
-    """Starlette, with the superseding query served before the middleware stack.
-
-    The query suspends once (its Redis round trip), and resuming a coroutine resumes every
-    frame below it: skipping the error middleware and the router saves about a quarter of the
-    query's own CPU time (bench/query.py). Anything unusual, including every error, goes
-    through the full stack, which handles it as for any route.
-    """
+    """Starlette, with the superseding query's fast path (:mod:`coalescer.web.fastpath`) for
+    ``web/server.py``'s protocol to find."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._query = api.KeyEndpoint()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "GET"
-            and b"taskId=" in scope["query_string"]
-            and api.KEY_PATH.fullmatch(path := scope["path"][1:])
-        ):
-            scope["app"] = self
-            scope["path_params"] = {"path": path}
-            try:
-                body = await self._query.answer(scope)
-            except Exception as exc:
-                await self._error(scope, receive, send, exc)
-                return
-            if body is not None:
-                await api.send_json(send, body)
-                return
-        await super().__call__(scope, receive, send)
-
-    def answer_soon(self, path: str, query_string: bytes) -> Answering | None:
-        """Start answering ``GET <path>?<query_string>`` without a task of its own, for the
-        server's fast path (web/server.py): ``None`` unless it is a well-formed superseding
-        query that the store can read on its lean connection. Everything else, bad input
-        included, goes through :meth:`__call__` as usual."""
-        if b"taskId=" not in query_string or not api.KEY_PATH.fullmatch(key_path := path[1:]):
-            return None
-        state = self.state
-        try:
-            query = api.parse(state, key_path, query_string)
-        except InvalidInput:
-            return None
-        if query is None:
-            return None
-        now_ms = int(time.time() * 1000)
-        reply = state.store.snapshot_soon(
-            query.key, query.task_id, now_ms=now_ms, cap=query.cap, wait=query.age is not None
-        )
-        if reply is None:
-            return None
-        return Answering(reply, partial(self._finish, query, now_ms))
-
-    def _finish(
-        self, query: api.Query, now_ms: int, reply: asyncio.Future[Any]
-    ) -> bytes | ASGIApp | None:
-        """The body of a fast-path answer from its store ``reply``; an ASGI app answering the
-        store's failure as :meth:`__call__` would; or ``None``: only :meth:`__call__` can
-        answer (the script must be reloaded, or the task learned from the queue)."""
-        try:
-            snap = self.state.store.snapshot_of(reply)
-        except StoreUnavailable as exc:
-            return partial(self._failed, exc)
-        if snap is None or (snap.newer is None and self.state.learner is not None):
-            return None
-        return api.finish(self.state, query, now_ms, snap)
-
-    async def _failed(self, exc: Exception, scope: Scope, receive: Receive, send: Send) -> None:
-        scope["app"] = self
-        await self._error(scope, receive, send, exc)
-
-    async def _error(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
-        """Answer ``exc`` with the same handler the middleware stack would pick."""
-        handler = next(
-            self.exception_handlers[cls]
-            for cls in type(exc).__mro__
-            if cls in self.exception_handlers
-        )
-        response = await handler(Request(scope, receive), exc)
-        await response(scope, receive, send)
-
-
-class Answering(NamedTuple):
-    """A query answered on the server's fast path: the store's pending ``reply``, and
-    ``finish``, which turns that reply into the body, an ASGI app that answers the request
-    instead, or ``None`` for the full stack (see :meth:`App.answer_soon`)."""
-
-    reply: asyncio.Future[Any]
-    finish: Callable[[asyncio.Future[Any]], bytes | ASGIApp | None]
+        self.fast_path = FastPath(self.state)
 
 
 def _traced(path: str, endpoint: Callable[..., Any], *methods: str) -> Route:
@@ -318,7 +237,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         },
     )
     app.state.settings = settings
-    app.state.commit = os.environ.get("SOURCE_COMMIT", "unknown")
+    app.state.commit = settings.source_commit
     app.state.learner = None  # set by the lifespan when TASKCLUSTER_ROOT_URL is (ingest.learn)
     app.state.health = Health()
     app.state.recorder = None  # set by the lifespan when COALESCER_RECORD_FILE is

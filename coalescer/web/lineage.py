@@ -80,7 +80,9 @@ async def page_context(
 
 
 class _PolicyCounters(Collector):
-    """The shared counters every enforcer keeps in the index, as Prometheus counters."""
+    """The shared counters every enforcer keeps in the index, as Prometheus counters, added up
+    by rule (a series per coalescing key would make up to COALESCER_MAX_KEYS of them; the
+    per-key figures are on the pages and ``GET /v1/policy``)."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
@@ -88,21 +90,29 @@ class _PolicyCounters(Collector):
     def collect(self) -> Iterator[Metric]:
         tasks = CounterMetricFamily(
             "coalescer_policy_tasks",
-            "Tasks decided on by superseding policies, by key, rule and outcome "
+            "Tasks decided on by superseding policies, by rule and outcome "
             "(decided, superseded, canceled, held, released, spared, cascaded, missed, protected, "
             "gone)",
-            labels=["key", "rule", "outcome"],
+            labels=["rule", "outcome"],
         )
         saved = CounterMetricFamily(
             "coalescer_policy_saved_seconds",
-            "Worker time saved by superseding, estimated from each key's recent run durations",
-            labels=["key", "rule"],
+            "Worker time saved by superseding, estimated from each key's recent run durations, "
+            "by rule",
+            labels=["rule"],
         )
+        counts: dict[tuple[str, str], float] = {}
+        saved_ms: dict[str, float] = {}
         for row in self.rows:
+            rule = row["rule"]
             for outcome, n in row.items():
                 if outcome not in ("key", "rule", "savedMs"):
-                    tasks.add_metric([row["key"], row["rule"], outcome], n)
-            saved.add_metric([row["key"], row["rule"]], row["savedMs"] / 1000)
+                    counts[rule, outcome] = counts.get((rule, outcome), 0) + n
+            saved_ms[rule] = saved_ms.get(rule, 0) + row["savedMs"]
+        for (rule, outcome), n in sorted(counts.items()):
+            tasks.add_metric([rule, outcome], n)
+        for rule, ms in sorted(saved_ms.items()):
+            saved.add_metric([rule], ms / 1000)
         yield tasks
         yield saved
 

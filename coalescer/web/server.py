@@ -11,11 +11,12 @@ The same protocol sends each ``200`` response's head and body in one write (:cla
 where uvicorn makes two: one system call less per query (bench/query.py).
 
 A superseding query (``GET /<key>?taskId=``, the service's hot path) is answered by the protocol
-itself when it can be (:meth:`HeadLimitedProtocol._answer_soon`): the app starts the store's read
-(:meth:`~coalescer.web.app.App.answer_soon`) and the protocol writes the answer when the reply
-comes, without the request cycle, task and ASGI messages uvicorn spends on every request. Any
-other request, and any query that needs more (bad input, a store failure, a task to learn from
-the queue), takes uvicorn's ordinary path to the same app, which answers it as always.
+itself when it can be (:meth:`HeadLimitedProtocol._answer_soon`): the app's fast path starts the
+store's read (:meth:`coalescer.web.fastpath.FastPath.start`) and the protocol writes the answer
+when the reply comes, without the request cycle, task and ASGI messages uvicorn spends on every
+request. Any other request, and any query that needs more (bad input, a store failure, a task
+to learn from the queue), takes uvicorn's ordinary path to the same app, which answers it as
+always.
 
 The protocol also reports each connection to its process's :class:`~coalescer.web.connections.Gate`,
 which bounds what uvicorn does not: how long a connection may wait for a request, or take to send
@@ -55,13 +56,14 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 
 from coalescer.errors import CoalescerError, ConfigError
 from coalescer.observe import HTTP_ERRORS
+from coalescer.web.api import FAILED
 from coalescer.web.connections import IDLE, REFUSED, SLOW_HEAD, ConnectionLimits, Gate, plan
 
 if sys.platform != "win32":
     import resource
 
 if TYPE_CHECKING:
-    from coalescer.web.app import Answering, App
+    from coalescer.web.fastpath import Answering, FastPath
 
 log = logging.getLogger("coalescer.web")
 
@@ -136,20 +138,22 @@ class _FastCycle:
         self.keep_alive = True
 
 
-def _fast_app(app: Any) -> App | None:
-    """The service's app under uvicorn's middleware, when it answers on the fast path."""
+def _fast_path(app: Any) -> FastPath | None:
+    """The fast path of the service's app under uvicorn's middleware, when it has one."""
     for _ in range(8):
-        if hasattr(app, "answer_soon"):
-            return cast("App", app)
+        if (fast := getattr(app, "fast_path", None)) is not None:
+            return cast("FastPath", fast)
         app = getattr(app, "app", None)
     return None
 
 
 class Config(uvicorn.Config):
     """uvicorn's configuration, with the limits of :mod:`coalescer.web.connections` (pickled
-    with it to each worker process)."""
+    with it to each worker process). Without WebSockets (the app has no WebSocket route): a
+    request to upgrade is an ordinary request, which the app answers."""
 
     def __init__(self, *args: Any, connection_limits: ConnectionLimits, **kwargs: Any) -> None:
+        kwargs.setdefault("ws", "none")
         super().__init__(*args, **kwargs)
         self.connection_limits = connection_limits
 
@@ -177,7 +181,7 @@ class HeadLimitedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = cast(asyncio.Transport, OneWrite(transport))
-        self._fast = _fast_app(self.app) if self.limit_concurrency is None else None
+        self._fast = _fast_path(self.app) if self.limit_concurrency is None else None
         self._defaults: tuple[object, bytes] = (None, b"")
         if not self._gate.admit(self):
             self.transport.close()
@@ -197,12 +201,6 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         if self.timeout_keep_alive_task is not None:  # left by uvicorn after an error
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
-
-    def handle_websocket_upgrade(self) -> None:
-        # The connection goes to uvicorn's WebSocket protocol (which the app refuses: it has no
-        # WebSocket route), and out of the gate.
-        self._gate.forget(self)
-        super().handle_websocket_upgrade()
 
     def waiting(self) -> bool:
         """Open, and waiting for its client: idle, or reading a request head (for the gate)."""
@@ -256,7 +254,7 @@ class HeadLimitedProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
 
-    def _answer_soon(self, app: App) -> bool:
+    def _answer_soon(self, fast: FastPath) -> bool:
         """Take a plain superseding query on the fast path: a keep-alive ``GET`` with nothing
         else in flight on the connection, which the app can start answering. (A body, which a
         query has no use for, is read and dropped as uvicorn drops it after a response.)"""
@@ -276,7 +274,7 @@ class HeadLimitedProtocol(HttpToolsProtocol):
             return False
         path = raw_path.decode("ascii")
         query_string = url.query or b""
-        answering = app.answer_soon(path, query_string)
+        answering = fast.start(path, query_string)
         if answering is None:
             return False
         scope = self.scope  # for the ordinary path, should the answer need it
@@ -300,7 +298,9 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         except Exception:  # answered (and logged) by the ordinary path
             result = None
         if not isinstance(result, bytes):
-            self._ordinary(cycle, scope, result or self.app)
+            if result is not None:  # the store failed: the app's handlers answer it
+                scope[FAILED] = result
+            self._ordinary(cycle, scope)
             return
         self.transport.write(self._head(len(result)) + result)
         cycle.response_complete = True
@@ -321,8 +321,8 @@ class HeadLimitedProtocol(HttpToolsProtocol):
             b"x-content-type-options: nosniff\r\n\r\n" % length
         )
 
-    def _ordinary(self, cycle: _FastCycle, scope: Any, app: Any) -> None:
-        """Hand a query taken on the fast path to uvicorn's request cycle, running ``app``."""
+    def _ordinary(self, cycle: _FastCycle, scope: Any) -> None:
+        """Hand a query taken on the fast path to uvicorn's request cycle and the app."""
         ordinary = RequestResponseCycle(
             scope=scope,
             transport=self.transport,
@@ -340,7 +340,7 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         cycle.response_complete = True
         if self.cycle is cast(RequestResponseCycle, cycle):
             self.cycle = ordinary
-        self._start_asgi_task(ordinary, app)
+        self._start_asgi_task(ordinary, self.app)
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes = True, 0

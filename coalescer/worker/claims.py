@@ -4,7 +4,8 @@ Each :class:`Claim` talks to the queue through its own ``taskcluster.aio.Queue``
 the newest credentials every time a reclaim returns some: the credentials from ``claimTask``
 expire shortly after the first ``takenUntil``, so a long primary that kept them (as
 docker-worker did) could no longer resolve its secondaries. A 409 on a claim or a reclaim
-means the run is no longer ours (seed 003): the claim is dropped and forgotten.
+means the run is no longer ours (Taskcluster's manual, "Queue-Worker Interaction"): the claim is dropped and
+forgotten.
 """
 
 from __future__ import annotations

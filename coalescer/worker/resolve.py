@@ -2,7 +2,8 @@
 credentials and under its lock so that a reclaim cannot swap them midway.
 
 A 409 means the run was resolved by someone else (canceled, expired): the claim is dropped and
-forgotten, as seed 003 says, and the caller learns that the resolution did not happen.
+forgotten, as Taskcluster's manual, "Queue-Worker Interaction" says, and the caller learns that the
+resolution did not happen.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ class Superseding:
 
     ``public/superseded-by.json`` is uploaded only where the resolution as superseded follows:
     before ``reportCompleted``, or after an ``exception`` resolution (``superseded``,
-    ``canceled``), which the queue still takes artifacts for (25 min; seed 003). A run released
+    ``canceled``), which the queue still takes artifacts for (20 minutes; Taskcluster's manual,
+    "Queue-Worker Interaction"). A run released
     because it could not be superseded gets none, so no artifact names a primary that did not
     supersede; its log says why it was given back.
     """

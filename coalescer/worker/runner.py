@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 from taskcluster.exceptions import TaskclusterFailure
 
+from coalescer.backoff import Backoff
 from coalescer.errors import InvalidInput
 from coalescer.worker.claims import Claim
 from coalescer.worker.livelog import TEXT, LiveLogServer, TaskLog
@@ -108,7 +109,7 @@ class Worker:
         """Claim and run tasks until ``stop`` is set; then release what is held and return."""
         running: set[asyncio.Task[None]] = set()
         stopped = asyncio.create_task(stop.wait())
-        backoff = 0.5
+        backoff = Backoff(0.5, maximum=30.0)
         try:
             while not stop.is_set():
                 free = self.capacity - len(running)
@@ -128,10 +129,9 @@ class Worker:
                     break
                 except TaskclusterFailure as exc:
                     log.warning("claimWork failed: %s", exc)
-                    await asyncio.wait({stopped}, timeout=backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    await asyncio.wait({stopped}, timeout=backoff.next())
                     continue
-                backoff = 0.5
+                backoff.reset()
                 if stop.is_set():
                     await self._release(claims)
                     break

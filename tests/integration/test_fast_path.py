@@ -22,8 +22,9 @@ import uvicorn
 
 from coalescer.settings import Settings
 from coalescer.web import server
-from coalescer.web.app import Answering, create_app
+from coalescer.web.app import create_app
 from coalescer.web.connections import ConnectionLimits
+from coalescer.web.fastpath import Answering
 from tests.conftest import make_message
 from tests.redis_server import RedisServer, redis_server
 from tests.serving import serving
@@ -267,14 +268,15 @@ def test_a_query_takes_the_fast_path_under_the_installed_uvicorn(
     settings = Settings.from_environ({"REDIS_URL": redis.url, "COALESCER_INGEST_TOKEN": TOKEN})
     app = create_app(settings)
     started: list[bool] = []
-    answer_soon = app.answer_soon  # type: ignore[attr-defined]
+    fast_path = app.fast_path  # type: ignore[attr-defined]
+    start = fast_path.start
 
     def spy(path: str, query_string: bytes) -> Answering | None:
-        answering = answer_soon(path, query_string)
+        answering = start(path, query_string)
         started.append(answering is not None)
         return answering
 
-    app.answer_soon = spy  # type: ignore[attr-defined]
+    fast_path.start = spy
     recorder = _Recorder(app)
     servers: list[uvicorn.Server] = []
 

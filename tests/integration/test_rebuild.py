@@ -22,6 +22,7 @@ from coalescer.ingest.events import Message, to_event
 from coalescer.ingest.rebuild import ListingFailed, rebuild, sources, task_queue_ids
 from coalescer.ingest.reconcile import queue_fetcher
 from coalescer.store import Store, keys
+from coalescer.store.census import Limits
 
 WORKER = {"workerGroup": "wg", "workerId": "wi"}
 QUEUE_ID = "emulator-test/worker"
@@ -89,6 +90,30 @@ async def test_pending_and_running_tasks_of_every_task_queue_are_indexed(
     assert await pending(store, "other") == [both]
     assert await state_of(store, tasks[1]) == "running"  # known as running: never offered
     assert await state_of(store, done) is None
+
+
+async def test_a_rebuild_is_held_to_the_index_limits_as_ingest_is(
+    queue_emulator: QueueEmulator, store: Store, queue: Any, prefix: str
+) -> None:
+    em = queue_emulator
+    first = em.create_task(routes=[f"{prefix}.a"])
+    em.clock.advance(1)
+    second = em.create_task(routes=[f"{prefix}.b"])
+    summary = await rebuild(
+        store,
+        queue,
+        sources([QUEUE_ID], []),
+        queue_fetcher(queue),
+        prefix=prefix,
+        batch=1,
+        concurrency=1,
+        limits=Limits(keys=1, tasks=100),
+    )
+    assert (summary.tasks, summary.indexed, summary.limited) == (2, 1, 1)
+    assert "1 past the index's limits" in summary.line() and summary.complete
+    held = await pending(store, "a") + await pending(store, "b")
+    assert len(held) == 1 and held[0] in (first, second)
+    assert len(await store.keys()) == 1
 
 
 async def test_a_rebuild_alongside_live_events_never_offers_a_task_that_started(

@@ -144,7 +144,7 @@ def enforcer_tasks() -> list[asyncio.Task[Any]]:
 async def test_serve_on_the_embedded_store_carries_out_latest_wins(
     queue_emulator: QueueEmulator, policy_file: Path
 ) -> None:
-    labels = {"key": "k", "rule": "rule-1", "result": "superseded"}
+    labels = {"rule": "rule-1", "result": "superseded"}
     before = REGISTRY.get_sample_value("coalescer_enforcer_actions_total", labels) or 0.0
     async with serving(queue_emulator, settings(policy_file, queue_emulator.root_url)) as svc:
         assert svc.store.embedded and len(enforcer_tasks()) == 1
@@ -157,7 +157,7 @@ async def test_serve_on_the_embedded_store_carries_out_latest_wins(
         assert await svc.store.client.xlen("co:{k}:o") == 0  # every entry acknowledged
         # The enforcer's own counters are on the service's /metrics.
         metrics = (await svc.http.get("/metrics")).text
-        line = 'coalescer_enforcer_actions_total{key="k",result="superseded",rule="rule-1"}'
+        line = 'coalescer_enforcer_actions_total{result="superseded",rule="rule-1"}'
         assert f"{line} {before + 2}" in metrics
     assert enforcer_tasks() == []  # stopped with the app
 

@@ -283,11 +283,13 @@ async def test_a_head_completed_in_time_is_answered_and_its_timer_dropped() -> N
     assert transport.writes[0].startswith(b"HTTP/1.1 204 ") and not transport.closed
 
 
-async def test_a_websocket_upgrade_leaves_the_gate() -> None:
-    protocol, _, gate = connect(ConnectionLimits())
-    assert len(gate) == 1
+async def test_a_websocket_upgrade_is_answered_as_an_ordinary_request() -> None:
+    protocol, transport, gate = connect(ConnectionLimits())
+    assert protocol.ws_protocol_class is None  # no WebSocket library needed
     protocol.data_received(
         b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
         b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
     )
-    assert len(gate) == 0
+    await until(lambda: bool(transport.writes))
+    assert transport.writes[0].startswith(b"HTTP/1.1 204 ")
+    assert len(gate) == 1  # still under the gate's limits

@@ -156,7 +156,7 @@ async def test_a_crashing_service_is_restarted_and_a_config_error_stops_it() -> 
 async def test_an_expected_crash_is_logged_as_one_line_and_a_bug_with_its_trace(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    supervisor = Supervisor(Health())
+    supervisor = Supervisor(Health(), jitter=0)  # waits of exactly 1 s, then 2 s
     runs = 0
 
     async def service() -> None:

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
+from coalescer import cli
 from coalescer.errors import ConfigError
 from coalescer.settings import Settings, amqp_url
 
@@ -44,6 +46,12 @@ def test_secrets_never_print() -> None:
         ({"COALESCER_LEARN_TIMEOUT": "soon"}, "must be a number of seconds"),
         ({"COALESCER_LEARN_TIMEOUT": "0"}, "more than 0 and at most 60"),
         ({"COALESCER_LEARN_TIMEOUT": "nan"}, "more than 0 and at most 60"),
+        ({"COALESCER_LOG_LEVEL": "LOUD"}, "COALESCER_LOG_LEVEL must be one of DEBUG, INFO"),
+        ({"COALESCER_LOG_FORMAT": "yaml"}, "COALESCER_LOG_FORMAT must be one of json, text"),
+        ({"WEB_CONCURRENCY": "two"}, "WEB_CONCURRENCY must be a whole number from 1 to 256"),
+        ({"WEB_CONCURRENCY": "257"}, "WEB_CONCURRENCY must be a whole number from 1 to 256"),
+        ({"SOURCE_COMMIT": "abc def"}, "SOURCE_COMMIT must be a commit id or a ref name"),
+        ({"PROMETHEUS_MULTIPROC_DIR": "/no/such/dir"}, "must name a folder this process can"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(env: dict[str, str], message: str) -> None:
@@ -111,3 +119,61 @@ def test_a_public_url_that_is_no_http_url_is_refused(url: str) -> None:
         Settings.from_environ({"COALESCER_PUBLIC_URL": url})
     good = Settings.from_environ({"COALESCER_PUBLIC_URL": "https://svc.example/base/"})
     assert good.public_url == "https://svc.example/base"
+
+
+def test_log_settings_are_read_in_any_case_and_never_silently_mean_another() -> None:
+    s = Settings.from_environ({"COALESCER_LOG_LEVEL": "debug", "COALESCER_LOG_FORMAT": "JSON"})
+    assert (s.log_level, s.log_json) == ("DEBUG", True)
+    assert Settings.from_environ({"COALESCER_LOG_FORMAT": "Text"}).log_json is False
+    assert Settings.from_environ({}).log_json is True
+
+
+def test_the_process_settings_are_read_here_too(tmp_path: Path) -> None:
+    s = Settings.from_environ(
+        {
+            "WEB_CONCURRENCY": " 3 ",
+            "SOURCE_COMMIT": "0123abc",
+            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        }
+    )
+    assert (s.web_concurrency, s.source_commit, s.prometheus_multiproc_dir) == (
+        3,
+        "0123abc",
+        str(tmp_path),
+    )
+    defaults = Settings.from_environ({})
+    assert (defaults.web_concurrency, defaults.source_commit) == (1, "unknown")
+    assert defaults.prometheus_multiproc_dir is None
+
+
+def _commands() -> list[list[str]]:
+    """Every leaf command of ``coalescer``, with a placeholder for each required argument."""
+    found = []
+
+    def walk(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            required = []
+            for action in parser._actions:
+                if action.required:
+                    required += [*action.option_strings[:1], "x"]
+            found.append(argv + required)
+        for sub in subs:
+            for name, child in sub.choices.items():
+                walk(child, [*argv, name])
+
+    walk(cli.build_parser(), [])
+    return found
+
+
+@pytest.mark.parametrize("name,value", [("COALESCER_LOG_LEVEL", "LOUD"), ("WEB_CONCURRENCY", "x")])
+def test_a_bad_setting_stops_every_command_in_one_line_with_exit_2(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commands = _commands()
+    assert ["serve"] in commands and ["policy", "check", "x"] in commands  # the walk works
+    monkeypatch.setenv(name, value)
+    for argv in commands:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"coalescer: {name} must be ") and err.count("\n") == 1, argv

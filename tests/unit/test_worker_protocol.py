@@ -32,7 +32,7 @@ from coalescer.worker.protocol import (
     supersedes_view,
 )
 
-# The seed's worked example; its middle taskId is not a valid slugid (the queue would refuse
+# The worked example of Taskcluster's superseding documentation; its middle taskId is not a valid slugid (the queue would refuse
 # it), so a valid one stands in for it.
 E, M, K = "E5SBRfo-RfOIxh0V4187Qg", "AbN5WN6USOqdbhAyPHRD2w", "KGt8egfvRaqxczIRgOScaw"
 OTHER = "fN1x3yDmQdC1o5mB5ZcS0A"

@@ -10,7 +10,9 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from coalescer.web.app import Answering
+from coalescer.errors import StoreUnavailable
+from coalescer.web.api import FAILED
+from coalescer.web.fastpath import Answering
 from coalescer.web.server import HeadLimitedProtocol
 
 QUERY = b"GET /k/x?taskId=abc HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -48,8 +50,9 @@ class StandIn:
     def __init__(self) -> None:
         self.started: list[tuple[str, bytes, asyncio.Future[Any]]] = []
         self.ordinary: list[dict[str, Any]] = []
+        self.fast_path = self
 
-    def answer_soon(self, path: str, query_string: bytes) -> Answering | None:
+    def start(self, path: str, query_string: bytes) -> Answering | None:
         if b"taskId=" not in query_string:
             return None
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -124,6 +127,17 @@ async def test_other_requests_take_the_ordinary_path(request_bytes: bytes) -> No
     await settle()
     assert app.started == []
     assert len(app.ordinary) == 1 and transport.writes
+
+
+async def test_a_store_failure_goes_to_the_ordinary_path_in_the_scope() -> None:
+    app = StandIn()
+    protocol, transport = connect(app)
+    protocol.data_received(QUERY)
+    failure = StoreUnavailable("frozen", reason="timeout")
+    app.started[0][2].set_result(failure)  # finish gives the failure: the app's handlers answer
+    await settle()
+    assert len(app.ordinary) == 1 and app.ordinary[0][FAILED] is failure
+    assert transport.writes[-1].endswith(b"ordinary /k/x?taskId=abc")
 
 
 async def test_a_reply_the_app_cannot_finish_goes_to_the_ordinary_path() -> None:

@@ -107,11 +107,13 @@ EVENTS.labels("pulse", "task-pending", "applied").inc({n})
 SCRAPE = """
 import asyncio
 from coalescer import observe
+from coalescer.settings import Settings
 class NoStore:
     async def _pipeline(self, fill):
         from coalescer.errors import StoreUnavailable
         raise StoreUnavailable("not needed here")
-print(asyncio.run(observe.exposition(NoStore())).decode())
+folder = Settings.from_environ().prometheus_multiproc_dir
+print(asyncio.run(observe.exposition(NoStore(), multiproc_dir=folder)).decode())
 """
 
 

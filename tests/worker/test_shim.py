@@ -1,5 +1,5 @@
-"""The shim against the queue emulator: the seed's worked example, orders, retried runs, and
-what the primary sees."""
+"""The shim against the queue emulator: the worked example of Taskcluster's superseding
+documentation, orders, retried runs, and what the primary sees."""
 
 from __future__ import annotations
 

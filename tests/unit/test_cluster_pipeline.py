@@ -1,0 +1,144 @@
+"""ClusterPipeline sends a node's commands again only where the node surely did not run them:
+a counter is never counted twice after a timeout."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MovedError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from coalescer.store.cluster import ClusterPipeline, not_sent
+
+
+class Node:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class Cluster:
+    """A slot map: every key on ``owner``, which a refresh (``nodes_manager.initialize``)
+    replaces by ``after``."""
+
+    def __init__(self, owner: Node, after: Node) -> None:
+        self.owner, self.after = owner, after
+        self.refreshes = 0
+        self.nodes_manager = Manager(self)
+
+    async def initialize(self) -> None:  # the map is made at the first call
+        return None
+
+    def get_node_from_key(self, key: str) -> Node:
+        return self.owner
+
+
+class Manager:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def initialize(self) -> None:
+        self.cluster.refreshes += 1
+        self.cluster.owner = self.cluster.after
+
+
+class Server:
+    """A node's counters, and how it answers: ``run`` (runs the commands and replies), ``lost``
+    (runs them, then the reply times out), ``refused`` (no connection), ``moved``."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.counters: dict[str, int] = {}
+        self.pipelines = 0
+
+
+class Pipe:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self.calls.append((name, args))
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        server = self.server
+        server.pipelines += 1
+        if server.how == "refused":
+            raise RedisConnectionError("Error 111 connecting to 10.0.0.1:7000. Connection refused.")
+        if server.how == "moved":
+            return [MovedError("1234 10.0.0.2:7001") for _ in self.calls]
+        replies = []
+        for name, args in self.calls:
+            assert name == "hincrby"
+            server.counters[args[1]] = server.counters.get(args[1], 0) + args[2]
+            replies.append(server.counters[args[1]])
+        if server.how == "lost":
+            raise RedisTimeoutError("Timeout reading from 10.0.0.1:7000")
+        return replies
+
+
+class Nodes:
+    def __init__(self, servers: dict[str, Server]) -> None:
+        self.servers = servers
+
+    def get(self, node: Node) -> Any:
+        server = self.servers[node.name]
+
+        class Client:
+            def pipeline(self, transaction: bool = False) -> Pipe:
+                return Pipe(server)
+
+        return Client()
+
+
+def pipeline(first: str, then: str = "run") -> tuple[ClusterPipeline, Cluster, Server, Server]:
+    old, new = Server(first), Server(then)
+    cluster = Cluster(Node("old"), Node("new"))
+    pipe = ClusterPipeline(cluster, Nodes({"old": old, "new": new}))  # type: ignore[arg-type]
+    pipe.hincrby("{co:keys}:stats", "answers", 1)
+    pipe.hincrby("{co:keys}:stats", "events", 5)
+    return pipe, cluster, old, new
+
+
+async def test_a_timeout_after_the_commands_were_written_is_raised_never_resent() -> None:
+    pipe, cluster, old, new = pipeline("lost")
+    with pytest.raises(RedisTimeoutError):
+        await pipe.execute()
+    assert old.counters == {"answers": 1, "events": 5} and old.pipelines == 1
+    assert new.pipelines == 0  # counted once, on the node that ran them
+    assert cluster.refreshes == 1  # the next call goes by a fresh slot map
+
+
+async def test_a_node_that_refuses_the_connection_gets_its_commands_sent_to_the_new_owner() -> None:
+    pipe, cluster, old, new = pipeline("refused")
+    assert await pipe.execute() == [1, 5]
+    assert old.counters == {} and new.counters == {"answers": 1, "events": 5}
+    assert cluster.refreshes == 1
+
+
+async def test_a_redirected_command_is_sent_again_to_the_node_named() -> None:
+    pipe, cluster, old, new = pipeline("moved")
+    assert await pipe.execute() == [1, 5]
+    assert (old.counters, new.counters) == ({}, {"answers": 1, "events": 5})
+    assert cluster.refreshes == 1
+
+
+async def test_redis_py_s_errors_before_and_after_sending_are_told_apart() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = aioredis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby("k", "f", 1)
+    with pytest.raises(RedisConnectionError) as refused:
+        await pipe.execute()
+    await client.aclose()
+    assert not_sent(refused.value)
+    assert not_sent(RedisTimeoutError("Timeout connecting to server"))
+    assert not not_sent(RedisTimeoutError("Timeout reading from 10.0.0.1:7000"))
+    assert not not_sent(RedisConnectionError("Connection closed by server."))

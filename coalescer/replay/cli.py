@@ -93,6 +93,21 @@ def register(sub: Any) -> None:
         metavar="RATE",
         help="probability that any other run fails (0: none)",
     )
+    synth.add_argument(
+        "--flaky",
+        default="",
+        metavar="SHARE:RATE",
+        help="that share of the keys (chosen at random) fails that share of its runs, on top "
+        "of --intermittent (e.g. 0.25:0.1; none by default)",
+    )
+    synth.add_argument(
+        "--flaky-regressions",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="that share of the regressions fails only some runs of its broken pushes, at a "
+        "rate drawn between 0.3 and 0.7 for each (0: every run fails)",
+    )
     p.add_argument(
         "--config",
         action="append",
@@ -138,6 +153,22 @@ def parse_workers(values: list[str]) -> tuple[dict[str, int], int | None]:
         else:
             default = int(count)
     return per_queue, default
+
+
+def parse_flaky(value: str) -> tuple[float, float]:
+    """``--flaky SHARE:RATE``: the share of keys that are flaky, the share of runs they fail."""
+    if not value:
+        return 0.0, 0.0
+    share, colon, rate = value.partition(":")
+    try:
+        found = float(share), float(rate)
+    except ValueError:
+        found = (-1.0, -1.0)
+    if not colon or not all(0 <= x <= 1 for x in found):
+        raise ConfigError(
+            f"--flaky {value!r}: expected SHARE:RATE, two numbers between 0 and 1 (e.g. 0.25:0.1)"
+        )
+    return found
 
 
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
@@ -221,6 +252,7 @@ def _history(
                 default_workers=default,
                 evidence=evidence,
             )
+        flaky_share, flaky_rate = parse_flaky(args.flaky)
         spec = synthetic.Synthetic(
             hours=args.hours,
             pushes_per_hour=args.pushes_per_hour,
@@ -234,6 +266,9 @@ def _history(
             regression_rate=args.regressions,
             fix_after=args.fix_after,
             intermittent_rate=args.intermittent,
+            flaky_share=flaky_share,
+            flaky_rate=flaky_rate,
+            flaky_regressions=args.flaky_regressions,
         )
         history = synthetic.generate(spec)
         return dataclasses.replace(history, workers={**history.workers, **workers})

@@ -95,7 +95,7 @@ def rows(report: Report) -> tuple[tuple[str, Any], ...]:
     """The table's rows for this report: :data:`ROWS`, then :data:`FAILURE_ROWS` when the
     history can fail (regressions, intermittent failures) or a configuration spent runs."""
     history = report.history
-    fails = history.intermittent > 0 or any(t.broken for t in history.tasks)
+    fails = history.intermittent > 0 or bool(history.flaky) or any(t.broken for t in history.tasks)
     if fails or any(s.extra_runs or s.regressions for s in report.summaries):
         return ROWS + FAILURE_ROWS
     return ROWS

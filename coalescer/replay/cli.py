@@ -155,25 +155,9 @@ def parse_workers(values: list[str]) -> tuple[dict[str, int], int | None]:
     return per_queue, default
 
 
-def parse_flaky(value: str) -> tuple[float, float]:
-    """``--flaky SHARE:RATE``: the share of keys that are flaky, the share of runs they fail."""
-    if not value:
-        return 0.0, 0.0
-    share, colon, rate = value.partition(":")
-    try:
-        found = float(share), float(rate)
-    except ValueError:
-        found = (-1.0, -1.0)
-    if not colon or not all(0 <= x <= 1 for x in found):
-        raise ConfigError(
-            f"--flaky {value!r}: expected SHARE:RATE, two numbers between 0 and 1 (e.g. 0.25:0.1)"
-        )
-    return found
-
-
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.policy import rules
-    from coalescer.replay import metrics, report, runner
+    from coalescer.replay import metrics, report, runner, sheriffs
 
     redis_url(args.redis_url, "--redis-url")
     defaults = [] if args.policy else ["age=3600,size=5", "on-claim"]
@@ -205,7 +189,14 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
                 baseline=outcomes[0],
             )
         )
-    result = report.Report(history, tuple(summaries), seconds)
+    references: tuple[sheriffs.Reference, ...] = ()
+    if report.can_fail(history):
+        base = sheriffs_base(configs)
+        references = tuple(
+            sheriffs.reference(history, outcomes[base], configs[base].name, way)
+            for way in (sheriffs.LINEAR, sheriffs.MOZCI)
+        )
+    result = report.Report(history, tuple(summaries), seconds, references)
     if args.html:
         try:
             Path(args.html).write_text(report.html(result))
@@ -218,6 +209,18 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         if args.html:
             print(f"\nHTML report: {args.html}")
     return 0
+
+
+def sheriffs_base(configs: list[Config]) -> int:
+    """The configuration whose failures the reference columns work on: the first that
+    supersedes without searching after a failed primary (what sheriffs backfill today), else
+    the first that supersedes, else ``off``."""
+    from coalescer.policy import PrimaryFailure
+
+    plain = (None, PrimaryFailure.SUPERSEDE)
+    found = [n for n, c in enumerate(configs) if c.supersede]
+    searchless = (n for n in found if configs[n].on_failure in plain and not configs[n].rules)
+    return next(searchless, found[0] if found else 0)
 
 
 def _history(
@@ -252,7 +255,7 @@ def _history(
                 default_workers=default,
                 evidence=evidence,
             )
-        flaky_share, flaky_rate = parse_flaky(args.flaky)
+        flaky_share, flaky_rate = synthetic.parse_flaky(args.flaky)
         spec = synthetic.Synthetic(
             hours=args.hours,
             pushes_per_hour=args.pushes_per_hour,

@@ -106,6 +106,23 @@ class Synthetic:
         return max(0.0, PEAK_HOUR - self.hours)
 
 
+def parse_flaky(value: str) -> tuple[float, float]:
+    """``--flaky SHARE:RATE``: the share of keys that are flaky, the share of runs they fail
+    (``0, 0`` for an empty value)."""
+    if not value:
+        return 0.0, 0.0
+    share, colon, rate = value.partition(":")
+    try:
+        found = float(share), float(rate)
+    except ValueError:
+        found = (-1.0, -1.0)
+    if not colon or not all(0 <= x <= 1 for x in found):
+        raise InvalidInput(
+            f"--flaky {value!r}: expected SHARE:RATE, two numbers between 0 and 1 (e.g. 0.25:0.1)"
+        )
+    return found
+
+
 def push_times(spec: Synthetic, rng: random.Random) -> list[int]:
     """Push arrival times (ms since midnight), a Poisson process thinned by the daily profile,
     from :attr:`Synthetic.start_hour` for :attr:`Synthetic.hours`."""

@@ -80,6 +80,8 @@ class Reference:
     base: str
     worker_hours: float
     regressions: int
+    #: Regressions a run failed for, the base's or the sheriffs' (a backfill may run a
+    #: regression the base superseded whole).
     seen: int
     located: int
     wrong_culprits: int
@@ -125,13 +127,19 @@ def reference(
 ) -> Reference:
     """``procedure`` applied to every failure of ``out`` (the configuration ``base``'s
     outcome), with ``seed`` the pool's."""
-    episodes = _Sheriff(history, out, procedure, seed).work()
+    sheriff = _Sheriff(history, out, procedure, seed)
+    episodes = sheriff.work()
+    failed = [
+        min((ms for ms in (mine, theirs) if ms >= 0), default=-1)
+        for mine, theirs in zip(out.failed_ms, sheriff.failed_ms, strict=True)
+    ]
     found = regressions(history)
     starts = {c for c, _, _ in found}
+    #: When a run (the base's, or the sheriffs') first failed for each regression seen.
     first_failure = {
         c: min(fails)
         for c, _, broken in found
-        if (fails := [out.failed_ms[j] for j in broken if out.failed_ms[j] >= 0])
+        if (fails := [failed[j] for j in broken if failed[j] >= 0])
     }
     times = located(found, out)  # the base's results locate these already
     for e in episodes:
@@ -175,6 +183,7 @@ class _Sheriff:
             if state in (State.COMPLETED, State.FAILED)
         }
         self.ran = [0] * len(history.tasks)  # our runs of each task
+        self.failed_ms = [-1] * len(history.tasks)  # when our first failing run of each ended
 
     def work(self) -> list[Episode]:
         tasks = self.history.tasks
@@ -214,7 +223,11 @@ class _Sheriff:
     def _round(self, runs: Sequence[int], queue: str, now: int) -> tuple[int, int]:
         """Run ``runs`` at once from ``now``: when the round ends, and the worker time."""
         took = [self._run(j) for j in runs]
-        return now + self.waits.at(queue, now) + max(took), sum(took)
+        end = now + self.waits.at(queue, now) + max(took)
+        for j in runs:
+            if self.results[j][-self.ran[j] :].count(True) and self.failed_ms[j] < 0:
+                self.failed_ms[j] = end
+        return end, sum(took)
 
     def _episode(self, good: int, gap: list[int], failing: int) -> Episode:
         procedure = self.procedure

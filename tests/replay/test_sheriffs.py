@@ -169,3 +169,14 @@ def test_a_flaky_regression_can_be_named_on_the_wrong_push() -> None:
     assert r.wrong_culprits == len(late) > len(named) / 2  # a broken push passed: blamed later
     assert r.located == len(named) - len(late) > 10
     assert all(h.tasks[e.culprit].order >= 2 for e in named)  # never before the breakage
+
+
+def test_a_regression_only_a_backfill_run_failed_for_is_seen_not_located() -> None:
+    # Broken at p1 (fixed at p2) and again from p3: the base ran p0 (passed) and p4 (failed).
+    pushes = key_pushes("k", 5, None)
+    h = history(*(dataclasses.replace(t, broken=t.order in (1, 3, 4)) for t in pushes))
+    out = base(h, {"k/0": PASS, "k/1": NONE, "k/2": NONE, "k/3": NONE, "k/4": FAIL})
+    linear, mozci = reference(h, out, "b", LINEAR), reference(h, out, "b", MOZCI)
+    assert ids(h, linear) == ids(h, mozci) == [("k/3", "k/2")]
+    assert (linear.regressions, linear.seen, linear.located) == (2, 2, 1)
+    assert (mozci.seen, mozci.located, mozci.wrong_culprits) == (2, 1, 0)

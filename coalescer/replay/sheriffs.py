@@ -11,9 +11,10 @@ that passed (its *last good*), unless a culprit already named since that pass ex
 * **mozci's rule** (:data:`MOZCI`): the failing push runs 5 more times; when at least 3 of its
   6 runs failed, the gap is backfilled in a second round (none when the gap is empty).
 
-When the failure stands, the culprit is the push after the newest one whose run passed (the
-last good itself when none did): a flaky failure, or a flaky regression's passing run, can put
-it on the wrong push. Otherwise the failure is taken as intermittent and nobody is blamed.
+When the failure stands, the culprit is the push after the newest push of the gap whose run
+passed, or after the last good when none did: a good push's flaky failure just before the
+breakage puts it too early, a flaky regression's passing run too late. Otherwise the failure
+is taken as intermittent and nobody is blamed.
 
 Every run is drawn with :meth:`History.fails <coalescer.replay.history.History.fails>`, its
 number following the base's own runs of the task, so the sheriffs meet the luck the pool did.

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from coalescer.replay.cli import sheriffs_base
 from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, State
+from coalescer.replay.runner import Config
 from coalescer.replay.sheriffs import LINEAR, MOZCI, Reference, reference
 from tests.replay.support import MIN, T0, history, task
 
@@ -180,3 +182,14 @@ def test_a_regression_only_a_backfill_run_failed_for_is_seen_not_located() -> No
     assert ids(h, linear) == ids(h, mozci) == [("k/3", "k/2")]
     assert (linear.regressions, linear.seen, linear.located) == (2, 2, 1)
     assert (mozci.seen, mozci.located, mozci.wrong_culprits) == (2, 1, 0)
+
+
+def test_the_sheriffs_work_on_the_first_configuration_that_supersedes_without_searching() -> None:
+    parse = Config.parse
+    off = Config(False)
+    plain = [off, parse("latest-wins,on-primary-failure=bisect"), parse("on-claim")]
+    assert sheriffs_base(plain) == 2
+    chosen = [off, parse("on-claim,on-primary-failure=release"), parse("latest-wins")]
+    assert sheriffs_base(chosen) == 2
+    assert sheriffs_base([off, parse("on-claim,on-primary-failure=bisect")]) == 1
+    assert sheriffs_base([off]) == 0

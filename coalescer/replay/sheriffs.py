@@ -16,11 +16,15 @@ passed, or after the last good when none did: a good push's flaky failure just b
 breakage puts it too early, a flaky regression's passing run too late. Otherwise the failure
 is taken as intermittent and nobody is blamed.
 
+A test backfilled on a push whose build never ran needs the build, run first in the same
+round; a build that fails (or failed in the base) leaves its test without a result.
+
 Every run is drawn with :meth:`History.fails <coalescer.replay.history.History.fails>`, its
 number following the base's own runs of the task, so the sheriffs meet the luck the pool did.
-A round takes the pending wait of the failing task's queue (the median wait, in the base, of
-the tasks that became pending there in the hour before the round began) plus its longest run;
-the first round begins when the failing run ends. The runs load no worker of the pool.
+A run takes the pending wait of its queue when it is queued (the median wait, in the base, of
+the tasks that became pending there in the hour before) plus its duration; a round ends with
+its last run, and the first begins when the failing run ends. The runs load no worker of the
+pool.
 """
 
 from __future__ import annotations
@@ -185,6 +189,8 @@ class _Sheriff:
         }
         self.ran = [0] * len(history.tasks)  # our runs of each task
         self.failed_ms = [-1] * len(history.tasks)  # when our first failing run of each ended
+        self.made = 0  # our runs so far
+        self.pos = {t.task_id: i for i, t in enumerate(history.tasks)}
 
     def work(self) -> list[Episode]:
         tasks = self.history.tasks
@@ -216,39 +222,62 @@ class _Sheriff:
     def _run(self, j: int) -> int:
         """One more run of task ``j``, drawn as the pool would draw it; its duration."""
         self.ran[j] += 1
+        self.made += 1
         task = self.history.tasks[j]
         number = self.out.executions[j] + self.ran[j]
         self.results.setdefault(j, []).append(self.history.fails(task, number, self.seed))
         return self.durations.of(task)
 
-    def _round(self, runs: Sequence[int], queue: str, now: int) -> tuple[int, int]:
-        """Run ``runs`` at once from ``now``: when the round ends, and the worker time."""
-        took = [self._run(j) for j in runs]
-        end = now + self.waits.at(queue, now) + max(took)
+    def _deps(self, j: int) -> list[int]:
+        return [self.pos[d] for d in self.history.tasks[j].dependencies if d in self.pos]
+
+    def _can_run(self, j: int) -> bool:
+        """Whether every dependency of ``j`` has passed a run (a failed or missing build has
+        no test to run on)."""
+        return all(d in self.results and not all(self.results[d]) for d in self._deps(j))
+
+    def _round(self, runs: Sequence[int], now: int) -> tuple[int, int]:
+        """Run ``runs`` at once from ``now``, each after the dependencies it needs (one stage
+        before it, a build before its tests), each waiting its queue's pending wait: when the
+        last ends, and the worker time."""
+        needs = {j: [d for d in self._deps(j) if d not in self.results] for j in set(runs)}
+        first = sorted({d for unrun in needs.values() for d in unrun})
+        after, worked = self._round(first, now) if first else (now, 0)
+        end = now
         for j in runs:
-            if self.results[j][-self.ran[j] :].count(True) and self.failed_ms[j] < 0:
-                self.failed_ms[j] = end
-        return end, sum(took)
+            if not self._can_run(j):
+                continue  # a dependency failed: no run of this push can be had
+            begins = after if needs[j] else now
+            took = self._run(j)
+            ends = begins + self.waits.at(self.history.tasks[j].task_queue, begins) + took
+            worked += took
+            end = max(end, ends)
+            if self.results[j][-1] and self.failed_ms[j] < 0:
+                self.failed_ms[j] = ends
+        return max(end, after), worked
 
     def _episode(self, good: int, gap: list[int], failing: int) -> Episode:
         procedure = self.procedure
-        queue = self.history.tasks[failing].task_queue
         started = now = self.out.resolved_ms[failing]
+        made = self.made
         backfill = [j for j in gap if j not in self.results]
         retriggers = [failing] * procedure.retriggers
         first = retriggers + backfill if procedure.backfill_first else retriggers
-        now, worked = self._round(first, queue, now)
-        rounds, runs = 1, len(first)
+        now, worked = self._round(first, now)
+        rounds = 1
         stands = self._fails(failing)
         if stands and not procedure.backfill_first and backfill:
-            now, more = self._round(backfill, queue, now)
-            rounds, runs, worked = 2, runs + len(backfill), worked + more
+            now, more = self._round(backfill, now)
+            rounds, worked = 2, worked + more
         culprit = last_good = -1
         if stands:
             culprit, last_good = failing, good
             for j in reversed(gap):
+                if j not in self.results:
+                    continue  # its build failed: no result to read
                 if not self._fails(j):
                     last_good = j
                     break
                 culprit = j
+        runs = self.made - made
         return Episode(failing, culprit, last_good, runs, rounds, started, now, worked)

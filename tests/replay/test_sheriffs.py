@@ -70,7 +70,9 @@ def gap_of_five(way_h: History | None = None) -> tuple[History, Outcome]:
 
 
 def ids(h: History, r: Reference) -> list[tuple[str, str]]:
-    name = lambda i: h.tasks[i].task_id if i >= 0 else ""  # noqa: E731
+    def name(i: int) -> str:
+        return h.tasks[i].task_id if i >= 0 else ""
+
     return [(name(e.culprit), name(e.last_good)) for e in r.episode_list]
 
 
@@ -193,3 +195,42 @@ def test_the_sheriffs_work_on_the_first_configuration_that_supersedes_without_se
     assert sheriffs_base(chosen) == 2
     assert sheriffs_base([off, parse("on-claim,on-primary-failure=bisect")]) == 1
     assert sheriffs_base([off]) == 0
+
+
+def builds_and_tests(test_broken: int, build_broken: frozenset[int] = frozenset()) -> History:
+    """Five pushes, each a build (30 min) and a test depending on it (10 min)."""
+    tasks = []
+    for n in range(5):
+        build = dataclasses.replace(
+            task(f"b/{n}", n, 30, key="b", queue="qb", order=n), broken=n in build_broken
+        )
+        test = task(f"t/{n}", n, 10, key="t", queue="qt", order=n, after=(build.task_id,))
+        tasks += [build, dataclasses.replace(test, broken=n >= test_broken)]
+    return history(*tasks)
+
+
+#: The builds of pushes 1-3 were superseded, so their tests were never scheduled.
+GAPPED = {"b/0": PASS, "t/0": PASS, "b/4": PASS, "t/4": FAIL} | {
+    f"{k}/{n}": NONE for k in "bt" for n in (1, 2, 3)
+}
+
+
+def test_a_test_backfilled_where_its_build_never_ran_waits_for_the_build() -> None:
+    h = builds_and_tests(2)
+    r = reference(h, base(h, GAPPED), "b", LINEAR)
+    [e] = r.episode_list
+    assert ids(h, r) == [("t/2", "t/1")]
+    assert e.runs == 3 + 3 + 4 and e.rounds == 1  # 3 builds, then 3 tests; 4 retriggers
+    # t/4 failed at 19 min; the builds wait 5 and take 30 (to 54), the tests 5 and 10.
+    assert e.ended_ms - e.started_ms == (5 + 30 + 5 + 10) * MIN
+    assert r.worker_hours == round((4 * 10 + 3 * 30 + 7 * 10) / 60, 3)
+
+
+def test_a_test_whose_backfilled_build_fails_gets_no_result() -> None:
+    h = builds_and_tests(3, frozenset({2}))
+    r = reference(h, base(h, GAPPED), "b", LINEAR)
+    [e] = r.episode_list
+    assert e.runs == 3 + 2 + 4  # no run of t/2: its build failed
+    assert ids(h, r) == [("t/3", "t/1")]
+    # The build's regression was seen by the backfill's build run, and located by nobody.
+    assert (r.regressions, r.seen, r.located, r.wrong_culprits) == (2, 2, 1, 0)

@@ -314,9 +314,10 @@ def test_the_table_json_and_html_compare_the_three_modes(tmp_path: Path) -> None
     assert len(set(rows["regressions"])) == 1  # the same history under every mode
     assert rows["extra runs"][:2] == ["0", "0"] and int(rows["extra runs"][2]) > 0
     assert rows["bisections"][:3] == ["0", "0", "0"] and int(rows["bisections"][3]) > 0
-    # The sheriffs work on supersede's failures: they see what it saw, and spend runs.
+    # The sheriffs work on supersede's failures: they see what it saw (and what their
+    # backfills ran), and spend runs.
     assert rows["bisections"][4:] == ["-", "-"] and rows["tasks run"][4:] == ["-", "-"]
-    assert rows["seen failing"][4:] == [rows["seen failing"][1]] * 2
+    assert all(int(n) >= int(rows["seen failing"][1]) for n in rows["seen failing"][4:])
     assert rows["rounds, most in one search"][4:] == ["1", "2"]
     assert "on the failures of on-claim always, supersede" in done.stdout
 

@@ -6,6 +6,8 @@
 * :mod:`~coalescer.replay.pool` — the pool model: workers claim, ask, run, supersede.
 * :mod:`~coalescer.replay.runner` — configurations, replayed through the real index.
 * :mod:`~coalescer.replay.metrics` — what each configuration saved and cost (pure).
+* :mod:`~coalescer.replay.sheriffs` — linear backfill and mozci's rule, the reference
+  columns (pure).
 * :mod:`~coalescer.replay.charts`, :mod:`~coalescer.replay.report` — table, JSON, HTML.
 * :mod:`~coalescer.replay.cli` — the subcommand.
 """

@@ -93,6 +93,21 @@ def register(sub: Any) -> None:
         metavar="RATE",
         help="probability that any other run fails (0: none)",
     )
+    synth.add_argument(
+        "--flaky",
+        default="",
+        metavar="SHARE:RATE",
+        help="that share of the keys (chosen at random) fails that share of its runs, on top "
+        "of --intermittent (e.g. 0.25:0.1; none by default)",
+    )
+    synth.add_argument(
+        "--flaky-regressions",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="that share of the regressions fails only some runs of its broken pushes, at a "
+        "rate drawn between 0.3 and 0.7 for each (0: every run fails)",
+    )
     p.add_argument(
         "--config",
         action="append",
@@ -142,7 +157,7 @@ def parse_workers(values: list[str]) -> tuple[dict[str, int], int | None]:
 
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.policy import rules
-    from coalescer.replay import metrics, report, runner
+    from coalescer.replay import metrics, report, runner, sheriffs
 
     redis_url(args.redis_url, "--redis-url")
     defaults = [] if args.policy else ["age=3600,size=5", "on-claim"]
@@ -174,7 +189,14 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
                 baseline=outcomes[0],
             )
         )
-    result = report.Report(history, tuple(summaries), seconds)
+    references: tuple[sheriffs.Reference, ...] = ()
+    if report.can_fail(history):
+        base = sheriffs_base(configs)
+        references = tuple(
+            sheriffs.reference(history, outcomes[base], configs[base].name, way)
+            for way in (sheriffs.LINEAR, sheriffs.MOZCI)
+        )
+    result = report.Report(history, tuple(summaries), seconds, references)
     if args.html:
         try:
             Path(args.html).write_text(report.html(result))
@@ -187,6 +209,18 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
         if args.html:
             print(f"\nHTML report: {args.html}")
     return 0
+
+
+def sheriffs_base(configs: list[Config]) -> int:
+    """The configuration whose failures the reference columns work on: the first that
+    supersedes without searching after a failed primary (what sheriffs backfill today), else
+    the first that supersedes, else ``off``."""
+    from coalescer.policy import PrimaryFailure
+
+    plain = (None, PrimaryFailure.SUPERSEDE)
+    found = [n for n, c in enumerate(configs) if c.supersede]
+    searchless = (n for n in found if configs[n].on_failure in plain and not configs[n].rules)
+    return next(searchless, found[0] if found else 0)
 
 
 def _history(
@@ -221,6 +255,7 @@ def _history(
                 default_workers=default,
                 evidence=evidence,
             )
+        flaky_share, flaky_rate = synthetic.parse_flaky(args.flaky)
         spec = synthetic.Synthetic(
             hours=args.hours,
             pushes_per_hour=args.pushes_per_hour,
@@ -234,6 +269,9 @@ def _history(
             regression_rate=args.regressions,
             fix_after=args.fix_after,
             intermittent_rate=args.intermittent,
+            flaky_share=flaky_share,
+            flaky_rate=flaky_rate,
+            flaky_regressions=args.flaky_regressions,
         )
         history = synthetic.generate(spec)
         return dataclasses.replace(history, workers={**history.workers, **workers})

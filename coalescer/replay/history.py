@@ -39,8 +39,10 @@ class TaskSpec:
     :mod:`coalescer.replay.runs`).
 
     ``broken``: the task's push broke its key (a regression, in a synthetic history): every
-    run of it fails. Other runs fail when ``outcome`` is ``failed``, or by the history's
-    :attr:`History.intermittent` rate.
+    run of it fails, or only some when the history gives the task a rate
+    (:attr:`History.broken_rates`). Other runs fail when ``outcome`` is ``failed``, or by the
+    history's :attr:`History.intermittent` rate and its key's :attr:`History.flaky` rate
+    (see :meth:`History.fails`).
     """
 
     task_id: str
@@ -122,6 +124,12 @@ class History:
     unchecked: int = 0
     #: Probability that a run of a task that is not broken fails (drawn per run, seeded).
     intermittent: float = 0.0
+    #: Flaky keys: the probability that a run of a task of that key (its first) fails, on top
+    #: of :attr:`intermittent` (drawn per run, from a stream of its own).
+    flaky: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: Broken tasks that fail only some runs (a flaky regression): the probability that a run
+    #: fails, by taskId; any other broken task fails every run.
+    broken_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(
@@ -133,6 +141,8 @@ class History:
         source: str = "history",
         unchecked: int = 0,
         intermittent: float = 0.0,
+        flaky: Mapping[str, float] | None = None,
+        broken_rates: Mapping[str, float] | None = None,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
         where given, else the recorded peak concurrency, else ``default_workers``."""
@@ -152,7 +162,25 @@ class History:
                     "there; give one with --workers QUEUE=N or --workers N"
                 )
             pool[queue] = given
-        return cls(ordered, pool, source, unchecked, intermittent)
+        return cls(ordered, pool, source, unchecked, intermittent, flaky or {}, broken_rates or {})
+
+    def fails(self, task: TaskSpec, run: int, seed: int = 0) -> bool:
+        """Whether the ``run``-th run (from 1) of ``task``'s command fails: recorded failed;
+        broken (every run, or by the task's :attr:`broken_rates`); or an intermittent or
+        flaky failure. Each draw comes from a stream seeded by ``seed``, the task and the run
+        alone, so the same run draws the same whoever runs it and whatever ran before: every
+        configuration, and the sheriffs' reference columns, meet the same luck."""
+        if task.outcome == "failed":
+            return True
+        at = f"{seed}/{task.task_id}/{run}"
+        if task.broken:
+            rate = self.broken_rates.get(task.task_id, 1.0)
+            if rate >= 1 or random.Random(at + "/broken").random() < rate:
+                return True
+        if self.intermittent and random.Random(at).random() < self.intermittent:
+            return True
+        flake = self.flaky.get(task.keys[0], 0.0) if task.keys else 0.0
+        return bool(flake) and random.Random(at + "/flaky").random() < flake
 
     def recorded_makespan_ms(self) -> int | None:
         """From the first schedule to the last recorded resolution, if runs were recorded."""

@@ -114,6 +114,9 @@ class Summary:
     bisections: int = 0
     #: Runs beyond one per primary: bisections' runs, released secondaries' runs.
     extra_runs: int = 0
+    #: The most rounds one search took: runs that had to wait for the one before (a
+    #: bisection's runs each wait for the last).
+    rounds_most: int = 0
     #: From a regression's first failing run to its located culprit, seconds.
     locate_p50_s: float | None = None
     locate_p95_s: float | None = None
@@ -192,9 +195,9 @@ def summarize(
     worker_hours = out.worker_ms / 3_600_000
     ends = [r for r in out.resolved_ms if r >= 0]
     found = regressions(history)
-    located = _located(found, out)
+    located_at = located(found, out)
     starts = {c for c, _, _ in found}
-    waits = [w / 1000 for w in located.values()]
+    waits = [w / 1000 for w in located_at.values()]
     return Summary(
         name=name,
         worker_hours=round(worker_hours, 3),
@@ -220,7 +223,7 @@ def summarize(
         rules=_per_rule(governing, out, baseline, ttr_of),
         backlog=_downsample(out.backlog, start),
         regressions=len(found),
-        located=len(located),
+        located=len(located_at),
         seen=sum(1 for _, _, broken in found if any(out.failed_ms[j] >= 0 for j in broken)),
         wrong_culprits=sum(
             1
@@ -229,6 +232,7 @@ def summarize(
         ),
         bisections=len(out.searches),
         extra_runs=out.extra_runs,
+        rounds_most=max((s.runs for s in out.searches), default=0),
         locate_p50_s=percentile(waits, 0.5),
         locate_p95_s=percentile(waits, 0.95),
         ttr_s=tuple(all_ttr),
@@ -260,7 +264,7 @@ def regressions(history: History) -> list[Regression]:
     return found
 
 
-def _located(found: Sequence[Regression], out: Outcome) -> dict[int, int]:
+def located(found: Sequence[Regression], out: Outcome) -> dict[int, int]:
     """The regressions located to their own push: ``{culprit: ms from the regression's first
     failing run to the moment it was located}``. Located by results when the culprit failed
     and the push before it passed (at the later of the two), or when a bisection named it

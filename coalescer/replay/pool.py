@@ -17,9 +17,10 @@ Each task has runs, as on the queue: a victim released by the enforcer, or a wor
 released when its primary is canceled, resolves ``exception/worker-shutdown`` and is pending
 again with a new run.
 
-A run fails when its task is broken (a regression), was recorded failed, or by the history's
-intermittent rate, drawn per run from a seeded stream of its own (the same task's ``k``-th run
-draws the same in every configuration). When a worker's primary fails, its secondaries follow
+A run fails when its task is broken (a regression, every run or a flaky regression's share of
+them), was recorded failed, or by the history's intermittent rate and its key's flake rate,
+drawn per run from seeded streams of their own (the same task's ``k``-th run draws the same in
+every configuration: :meth:`History.fails <coalescer.replay.history.History.fails>`). When a worker's primary fails, its secondaries follow
 the worker's ``on_failure`` (``--on-primary-failure``): ``supersede`` (superseded by the failed
 primary), ``release`` (each runs itself, in a new run) or ``bisect``: the worker keeps them and
 runs the ones :class:`~coalescer.bisection.Bisection` asks for, one after another, as the shim
@@ -33,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import heapq
-import random
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
@@ -146,6 +146,8 @@ class Outcome:
     extra_runs: int = 0
     #: Every bisection, in the order they ended.
     searches: list[Search] = dataclasses.field(default_factory=list)
+    #: Runs of each task's command (the draws :meth:`History.fails` made for it).
+    executions: list[int] = dataclasses.field(default_factory=list)
 
 
 # Event kinds, in the order they are handled at one instant: runs end (freeing workers and
@@ -197,6 +199,7 @@ class Pool:
             worked_ms=[0] * n,
             runs=[0] * n,
             failed_ms=[-1] * n,
+            executions=[0] * n,
         )
         self.dependents: dict[int, list[int]] = defaultdict(list)
         self.blocked = [0] * n
@@ -218,7 +221,7 @@ class Pool:
         self.by_enforcer: set[int] = set()
         self.since = [-1] * n  # when each task's current run became pending
         self.priority = [t.priority for t in self.tasks]  # changeTaskPriority changes it
-        self.executions = [0] * n  # runs of each task's command so far (its draws)
+        self.executions = self.out.executions  # runs of each task's command so far (its draws)
         #: Secondaries released after their primary failed, whose run will be an extra one.
         self.after_failure: set[int] = set()
         self.searches: dict[int, _Searching] = {}
@@ -476,13 +479,10 @@ class Pool:
 
     def _fails(self, i: int, now: int) -> bool:
         """Whether task ``i``'s next run fails: broken, recorded failed, or an intermittent
-        failure drawn for this run (its ``k``-th) from its own seeded stream."""
-        task = self.tasks[i]
+        or flaky failure drawn for this run (its ``k``-th): :meth:`History.fails
+        <coalescer.replay.history.History.fails>`."""
         self.executions[i] += 1
-        failed = task.broken or task.outcome == "failed"
-        if not failed and self.history.intermittent:
-            draw = random.Random(f"{self.seed}/{task.task_id}/{self.executions[i]}").random()
-            failed = draw < self.history.intermittent
+        failed = self.history.fails(self.tasks[i], self.executions[i], self.seed)
         if failed and self.out.failed_ms[i] < 0:
             self.out.failed_ms[i] = now
         return failed

@@ -11,6 +11,7 @@ import jinja2
 from coalescer.replay import charts
 from coalescer.replay.history import History
 from coalescer.replay.metrics import RuleSummary, Summary
+from coalescer.replay.sheriffs import Reference
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -18,6 +19,8 @@ class Report:
     history: History
     summaries: tuple[Summary, ...]
     seconds: float  # how long the replay took
+    #: The sheriffs' ways on one configuration's failures, shown beside the configurations.
+    references: tuple[Reference, ...] = ()
 
     def history_json(self) -> dict[str, Any]:
         tasks = self.history.tasks
@@ -37,6 +40,7 @@ class Report:
             "history": self.history_json(),
             "replaySeconds": round(self.seconds, 3),
             "configurations": [s.to_json() for s in self.summaries],
+            "references": [r.to_json() for r in self.references],
         }
 
 
@@ -86,19 +90,64 @@ FAILURE_ROWS: tuple[tuple[str, Any], ...] = (
     ("culprits named wrongly", lambda s: f"{s.wrong_culprits:,}"),
     ("bisections", lambda s: f"{s.bisections:,}"),
     ("extra runs", lambda s: f"{s.extra_runs:,}"),
+    ("rounds, most in one search", lambda s: f"{s.rounds_most:,}"),
     ("failing run to culprit p50", lambda s: duration(s.locate_p50_s)),
     ("failing run to culprit p95", lambda s: duration(s.locate_p95_s)),
 )
+
+#: The rows a reference column (:class:`~coalescer.replay.sheriffs.Reference`) fills; the
+#: others show ``-``.
+REFERENCE_ROWS: dict[str, Any] = {
+    "worker-hours": lambda r: f"{r.worker_hours:,.1f}",
+    "regressions": lambda r: f"{r.regressions:,}",
+    "  seen failing": lambda r: f"{r.seen:,}",
+    "  located to their push": lambda r: f"{r.located:,}",
+    "culprits named wrongly": lambda r: f"{r.wrong_culprits:,}",
+    "extra runs": lambda r: f"{r.extra_runs:,}",
+    "rounds, most in one search": lambda r: f"{r.rounds_most:,}",
+    "failing run to culprit p50": lambda r: duration(r.locate_p50_s),
+    "failing run to culprit p95": lambda r: duration(r.locate_p95_s),
+}
+
+
+def can_fail(history: History) -> bool:
+    """Whether runs of the history can fail: regressions, intermittent or flaky failures."""
+    return history.intermittent > 0 or bool(history.flaky) or any(t.broken for t in history.tasks)
 
 
 def rows(report: Report) -> tuple[tuple[str, Any], ...]:
     """The table's rows for this report: :data:`ROWS`, then :data:`FAILURE_ROWS` when the
     history can fail (regressions, intermittent failures) or a configuration spent runs."""
-    history = report.history
-    fails = history.intermittent > 0 or any(t.broken for t in history.tasks)
-    if fails or any(s.extra_runs or s.regressions for s in report.summaries):
+    if can_fail(report.history) or any(s.extra_runs or s.regressions for s in report.summaries):
         return ROWS + FAILURE_ROWS
     return ROWS
+
+
+def columns(report: Report) -> list[str]:
+    """The table's columns: the configurations, then the reference columns."""
+    return [s.name for s in report.summaries] + [r.name for r in report.references]
+
+
+def table_rows(report: Report) -> list[tuple[str, list[str]]]:
+    """Each row's label and cells, the configurations' then the references' (``-`` where a
+    reference has no such figure)."""
+    found = []
+    for label, show in rows(report):
+        mine = [show(s) for s in report.summaries]
+        theirs = REFERENCE_ROWS.get(label, lambda r: "-")
+        found.append((label, mine + [theirs(r) for r in report.references]))
+    return found
+
+
+def references_line(report: Report) -> str | None:
+    """Which configuration's failures the reference columns worked on."""
+    if not report.references:
+        return None
+    names = ", ".join(r.name for r in report.references)
+    return (
+        f"{names}: what sheriffs do today, on the failures of {report.references[0].base} "
+        "(their runs added to its own)"
+    )
 
 
 def recorded(history: History) -> str | None:
@@ -121,9 +170,11 @@ def table(report: Report) -> str:
     """Configurations side by side (then what really happened, for a recorded history), then
     each key's push-to-result p50/p95 and pushes without a result of their own."""
     names = [s.name for s in report.summaries]
-    lines = [["", *names]]
-    lines += [[label, *(show(s) for s in report.summaries)] for label, show in rows(report)]
+    lines = [["", *columns(report)]]
+    lines += [[label, *row] for label, row in table_rows(report)]
     text = _grid(lines)
+    if (line := references_line(report)) is not None:
+        text += "\n" + line
     if (line := recorded(report.history)) is not None:
         text += "\n" + line
     key_rows = [["key: p50/p95 (no own result)", *names]]
@@ -210,7 +261,9 @@ def html(report: Report) -> str:
         report=report,
         history=report.history_json(),
         recorded=recorded(report.history),
-        rows=[(label, [show(s) for s in report.summaries]) for label, show in rows(report)],
+        columns=columns(report),
+        rows=table_rows(report),
+        references=references_line(report),
         rule_tables=[
             (s.name, [rule_cells(r) for r in s.rules]) for s in report.summaries if by_rule(s)
         ],

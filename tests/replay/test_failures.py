@@ -278,6 +278,7 @@ FAILING = [
     *("--config", "on-claim,on-primary-failure=bisect"),
 ]
 MODES = ["off", *(f"on-claim always, {m}" for m in ("supersede", "release", "bisect"))]
+REFERENCES = ["linear backfill", "mozci's rule"]
 FAILURE_LABELS = [label for label, _ in report.FAILURE_ROWS]
 
 
@@ -295,7 +296,7 @@ def test_the_table_json_and_html_compare_the_three_modes(tmp_path: Path) -> None
     done = replay_cli(*FAILING, "--html", str(page))
     assert done.returncode == 0, done.stderr
     lines = [re.split(r"\s{2,}", line.strip()) for line in done.stdout.splitlines()]
-    assert lines[0] == MODES
+    assert lines[0] == MODES + REFERENCES
     rows = {line[0]: line[1:] for line in lines[2:] if line[0]}
     assert FAILURE_LABELS == [
         "regressions",
@@ -304,14 +305,21 @@ def test_the_table_json_and_html_compare_the_three_modes(tmp_path: Path) -> None
         "culprits named wrongly",
         "bisections",
         "extra runs",
+        "rounds, most in one search",
         "failing run to culprit p50",
         "failing run to culprit p95",
     ]
     for label in ("regressions", "seen failing", "located to their push", "extra runs"):
-        assert len(rows[label]) == 4, (label, rows[label])
+        assert len(rows[label]) == 6, (label, rows[label])
     assert len(set(rows["regressions"])) == 1  # the same history under every mode
     assert rows["extra runs"][:2] == ["0", "0"] and int(rows["extra runs"][2]) > 0
     assert rows["bisections"][:3] == ["0", "0", "0"] and int(rows["bisections"][3]) > 0
+    # The sheriffs work on supersede's failures: they see what it saw (and what their
+    # backfills ran), and spend runs.
+    assert rows["bisections"][4:] == ["-", "-"] and rows["tasks run"][4:] == ["-", "-"]
+    assert all(int(n) >= int(rows["seen failing"][1]) for n in rows["seen failing"][4:])
+    assert rows["rounds, most in one search"][4:] == ["1", "2"]
+    assert "on the failures of on-claim always, supersede" in done.stdout
 
     doc = orjson.loads(replay_cli(*FAILING, "--json").stdout)
     figures = {c["name"]: c for c in doc["configurations"]}
@@ -320,16 +328,23 @@ def test_the_table_json_and_html_compare_the_three_modes(tmp_path: Path) -> None
         assert {"regressions", "seen", "located", "extra_runs", "locate_p50_s"} <= set(c)
     assert figures["off"]["located"] >= figures[MODES[3]]["located"] > 0
     assert figures[MODES[3]]["extra_runs"] == int(rows["extra runs"][3])
+    linear, mozci = doc["references"]
+    assert (linear["name"], mozci["name"]) == tuple(REFERENCES)
+    assert linear["base"] == mozci["base"] == MODES[1]
+    assert linear["runs"] > 0 and linear["located"] >= figures[MODES[1]]["located"]
+    assert linear["extra_runs"] == int(rows["extra runs"][4])
 
     html = page.read_text()
     for label in ("located to their push", "extra runs", "failing run to culprit p95"):
         assert f"<td>{label.strip()}</td>" in html.replace("<td>  ", "<td>")
+    assert "<th>linear backfill</th><th>mozci&#39;s rule</th>" in html
 
 
 def test_without_failures_the_report_keeps_its_rows(tmp_path: Path) -> None:
     done = replay_cli("--hours", "3", "--config", "on-claim")
     assert done.returncode == 0, done.stderr
     assert "extra runs" not in done.stdout and "regressions" not in done.stdout
+    assert "linear backfill" not in done.stdout
 
 
 # -- the enforcer's bisect (a policy file) --------------------------------------------------------

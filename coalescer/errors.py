@@ -2,6 +2,7 @@
 
     CoalescerError
     ├── ConfigError          a setting is missing or malformed (the CLI exits 2)
+    │   └── taskgraph.TaskgraphError   a task's coalescing key cannot be made (graph generation)
     ├── InvalidInput         a taskId, key, query parameter or request body is malformed
     │   ├── InvalidEvent     a Pulse message that can never be applied
     │   └── worker.runner.MalformedPayload   a task payload the reference worker cannot run

@@ -15,6 +15,7 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
      "results": [{"i", "run", "attempt", "passed": true | false | null (dropped), "ended": ms,
                   "trusted": true (a failure not confirmed: no scope to rerun; optional)}, ...],
      "parallel": runs at once (bisect-parallel; 1 when absent),
+     "rounds": waves of runs so far (a run started while none of the search's ran begins one),
      "probes": [{"i", "run", "since", "attempt"}, ...]   (the runs under way; an older record
                has one, or null, as "probe")}
 
@@ -225,6 +226,7 @@ class Searcher:
         if probe.attempt:
             return await self._confirm(key, primary, raw, doc, probe.index, probe.attempt, now)
         victim, run, _ = doc["victims"][probe.index]
+        doc["rounds"] = int(doc.get("rounds", 0)) + (not probes)
         probes.append({"i": probe.index, "run": run, "since": now, "attempt": 0})
         move = outbox.Move(victim, "bisecting", "probing")
         if not await self._write(key, primary, raw, doc, [move]):
@@ -256,6 +258,7 @@ class Searcher:
             )
             return await self._result(key, primary, raw, doc, i, run, attempt, None, now)
         rerun = {"i": i, "run": run, "since": now, "attempt": attempt}
+        doc["rounds"] = int(doc.get("rounds", 0)) + (not doc["probes"])
         doc["probes"].append(rerun)
         if not await self._write(key, primary, raw, doc, []):
             return True  # taken meanwhile: look again
@@ -498,6 +501,9 @@ class Searcher:
             "intermittent": [ref(i, failed_first(i)) for i in sorted(search.intermittent)],
             "standsFor": stands_for,
             "extraRuns": len(ran),
+            # Waves of runs, each started while none of the search's ran: what a sheriff waits
+            # for (runs at once share a round).
+            "rounds": int(doc.get("rounds", 0)),
             "located": format_time_ms(located),
         }
         await bisections.record(self.store, finding, located)

@@ -222,5 +222,6 @@ class PoolEnforcer:
                 ended_ms=parse_time_ms(finding["located"]),
                 runs=int(finding["extraRuns"]),
                 suspect=index(finding.get("suspect")),
+                rounds=int(finding.get("rounds", -1)),
             )
         )

@@ -114,8 +114,8 @@ class Summary:
     bisections: int = 0
     #: Runs beyond one per primary: bisections' runs, released secondaries' runs.
     extra_runs: int = 0
-    #: The most rounds one search took: runs that had to wait for the one before (a
-    #: bisection's runs each wait for the last).
+    #: The most rounds one search took: waves of runs, each waiting for the one before (the
+    #: runs a bisection makes at once share a round; one at a time, each is one).
     rounds_most: int = 0
     #: From a regression's first failing run to its located culprit, seconds.
     locate_p50_s: float | None = None
@@ -232,7 +232,7 @@ def summarize(
         ),
         bisections=len(out.searches),
         extra_runs=out.extra_runs,
-        rounds_most=max((s.runs for s in out.searches), default=0),
+        rounds_most=max((s.runs if s.rounds < 0 else s.rounds for s in out.searches), default=0),
         locate_p50_s=percentile(waits, 0.5),
         locate_p95_s=percentile(waits, 0.95),
         ttr_s=tuple(all_ttr),

@@ -115,6 +115,8 @@ class Search:
     #: With an inconclusive verdict, the first failing push it found (stands for the newer
     #: pushes as a culprit does, but is not named).
     suspect: int = -1
+    #: Waves of runs (runs at once share one); -1: one run after another, as many as ``runs``.
+    rounds: int = -1
 
 
 @dataclasses.dataclass(slots=True)

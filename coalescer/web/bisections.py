@@ -145,6 +145,12 @@ FINDING: dict[str, Any] = {
             "maximum": 1,
             "description": "the probability that the culprit (or suspect) is broken",
         },
+        "rounds": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_RUNS,
+            "description": "waves of runs: runs made at once share one (optional)",
+        },
         "flake": {
             "type": "number",
             "exclusiveMinimum": 0,

@@ -458,6 +458,7 @@ async def test_several_probes_run_at_once_and_find_the_same_culprit(
     # left, 6 and 7), against three or four one at a time.
     assert ran == [victims[2], victims[5], victims[6], victims[7]]
     [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    assert finding["rounds"] == 2 and finding["extraRuns"] == 4
     assert finding["culprit"] == {"taskId": victims[6], "runId": 1}
     assert finding["lastGood"] == {"taskId": victims[5], "runId": 1}
     assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)

@@ -389,7 +389,7 @@ def test_the_enforcer_s_bisect_locates_the_culprit_and_supersedes_the_rest() -> 
     }
     ids = [t.task_id for t in h.tasks]
     assert out.searches == [
-        Search(ids.index("p8"), ids.index("p5"), ids.index("p4"), T(70), T(100), 3)
+        Search(ids.index("p8"), ids.index("p5"), ids.index("p4"), T(70), T(100), 3, rounds=3)
     ]
     # Each probe is a released victim that ran again.
     assert [out.runs[ids.index(f"p{n}")] for n in range(9)] == [1, 1, 1, 2, 2, 2, 1, 1, 1]
@@ -448,7 +448,7 @@ def test_the_enforcer_s_bisect_confirms_each_failure_it_narrows_on() -> None:
     }
     ids = [t.task_id for t in h.tasks]
     assert out.searches == [
-        Search(ids.index("p8"), ids.index("p5"), ids.index("p4"), T(70), T(120), 5)
+        Search(ids.index("p8"), ids.index("p5"), ids.index("p4"), T(70), T(120), 5, rounds=5)
     ]
     # A probe is a released victim that ran again; a confirmation, one more run.
     assert [out.runs[ids.index(f"p{n}")] for n in range(9)] == [1, 1, 1, 2, 2, 3, 1, 1, 2]

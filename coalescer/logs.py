@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+from collections.abc import Mapping
 from typing import TextIO
 
 import orjson
@@ -155,7 +156,9 @@ class Throttled:
         self._last = -float("inf")
         self._held = 0
 
-    def log(self, level: int, message: str, *args: object) -> None:
+    def log(
+        self, level: int, message: str, *args: object, extra: Mapping[str, object] | None = None
+    ) -> None:
         now = time.monotonic()
         if now - self._last < self.every:
             self._held += 1
@@ -163,4 +166,4 @@ class Throttled:
         if self._held:
             message += f" ({self._held} more like this in the last {now - self._last:.0f} s)"
         self._last, self._held = now, 0
-        self.logger.log(level, message, *args)
+        self.logger.log(level, message, *args, extra=extra)

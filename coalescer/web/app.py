@@ -24,11 +24,18 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coalescer import logs, upkeep
-from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreError, StoreUnavailable
+from coalescer.errors import (
+    AuthError,
+    IngestDisabled,
+    InvalidInput,
+    StoreError,
+    StoreOverloaded,
+    StoreUnavailable,
+)
 from coalescer.health import Health, Supervisor, watch_store
 from coalescer.ingest.record import Recorder
 from coalescer.logs import Throttled
-from coalescer.observe import HTTP_ERRORS, STORE_ERRORS, Observer, exposition
+from coalescer.observe import HTTP_ERRORS, REQUESTS_SHED, STORE_ERRORS, Observer, exposition
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
 from coalescer.web import api, bisections, lineage, pages, tracing
@@ -77,6 +84,21 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
         request, 503, f"the index store (Redis) is unavailable ({exc.reason}); retry shortly"
     )
     response.headers["retry-after"] = str(RETRY_AFTER)
+    return response
+
+
+#: One line per burst shed, not one per request.
+_SHED_LOG = Throttled(log)
+#: Seconds a client whose request was shed is told to wait before retrying.
+RETRY_AFTER_SHED = 1
+
+
+async def _overloaded(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StoreOverloaded)
+    REQUESTS_SHED.labels("store_busy").inc()
+    _SHED_LOG.log(logging.WARNING, "shedding requests: %s", exc)
+    response = _error(request, 503, f"the service is busy: {exc}")
+    response.headers["retry-after"] = str(RETRY_AFTER_SHED)
     return response
 
 
@@ -312,6 +334,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         exception_handlers={
             InvalidInput: _invalid,
             AuthError: _auth,
+            StoreOverloaded: _overloaded,
             StoreUnavailable: _unavailable,
             HTTPException: _http,
             Exception: _crash,

@@ -238,14 +238,32 @@ def redis_url(url: str | None, name: str = "REDIS_URL") -> str | None:
     return url
 
 
+#: Characters a URL written into public logs may not hold: whitespace, control characters, and
+#: those RFC 3986 never allows unescaped (a viewer may render them as HTML or Markdown).
+_UNSAFE_IN_URL = re.compile(r'[\x00-\x20\x7f-\x9f<>"`{}|\\^]')
+
+
 def _http_url(name: str, url: str | None) -> str | None:
     """An ``http(s)://host...`` setting without its trailing slash, refused with a clear
-    message otherwise (it becomes links people click)."""
+    message otherwise. It becomes links people click, in the logs of every run superseded: a
+    user and password, a query or fragment, spaces, control or escape characters are refused
+    (the message does not repeat the value: it may hold a password)."""
     if url is None:
         return None
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{name} must be an http:// or https:// URL with a host, not {url!r}")
+    if "@" in parts.netloc:
+        raise ConfigError(
+            f"{name} must not hold a user or password: it is written into public logs"
+        )
+    if _UNSAFE_IN_URL.search(url):
+        raise ConfigError(
+            f'{name} must not hold spaces, control characters or any of <>"`{{}}|\\^: '
+            "percent-encode them"
+        )
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ConfigError(f"{name} must be the service's base URL, without a query or fragment")
     return url.rstrip("/")
 
 

@@ -101,6 +101,10 @@ EVENTS_LIMITED = Counter(
     "(keys: a new key past COALESCER_MAX_KEYS; tasks: a new task past COALESCER_MAX_TASKS)",
     ["limit"],
 )
+FINDINGS_LIMITED = Counter(
+    "coalescer_findings_limited",
+    "Bisection findings refused by POST /v1/bisections because COALESCER_MAX_FINDINGS are kept",
+)
 #: Seconds between the log lines that say what the limits refused (the first at once).
 LIMITED_LOG_EVERY = 10.0
 

@@ -67,6 +67,9 @@ class Settings:
     #: ``COALESCER_MAX_TASKS``: tasks the index tracks at most (a task once per key it is
     #: under); an event of another task is not indexed (``limited``)
     max_tasks: int = 2_000_000
+    #: ``COALESCER_MAX_FINDINGS``: bisection findings kept at most over every key (each for 30
+    #: days); ``POST /v1/bisections`` refuses another (``507``)
+    max_findings: int = 10_000
     ingest_token: Secret | None = None
     max_body_bytes: int = 1 << 20
     #: ``COALESCER_MAX_HEADER_BYTES``: largest request head (request line and headers)
@@ -171,6 +174,7 @@ class Settings:
             max_list=integer("COALESCER_MAX_LIST", cls.max_list, 1),
             grace_seconds=integer("COALESCER_GRACE_SECONDS", cls.grace_seconds, 0),
             max_keys=integer("COALESCER_MAX_KEYS", cls.max_keys, 1, 100_000_000),
+            max_findings=integer("COALESCER_MAX_FINDINGS", cls.max_findings, 1, 10_000_000),
             max_tasks=integer("COALESCER_MAX_TASKS", cls.max_tasks, 1, 1_000_000_000),
             ingest_token=Secret(token) if token else None,
             max_body_bytes=integer("COALESCER_MAX_BODY_BYTES", cls.max_body_bytes, 1024),

@@ -173,7 +173,10 @@ def render(
             "that task's result stands for this one.",
             f"Resolved {_STATES.get(how, how)}: {reason}.",
             "Resolved this way, the run never reads as a success: look at the superseding "
-            "task's result.",
+            "task's result."
+            if how != "completed"
+            else "Resolved this way, the run reads as a success wherever only its state is "
+            "looked at, although it did not run: look at the superseding task's result.",
         ]
     )
     lines.append(f"Why: {why.rule}")

@@ -127,5 +127,45 @@ async def recent(store: Pipelining, key: str, limit: int = 20) -> list[dict[str,
     return [orjson.loads(r) for r in raw if r is not None]
 
 
+#: Where a page of a key's findings ends: the last one's ``(located_ms, primary)``.
+Cursor = tuple[int, str]
+
+
+async def page(
+    store: Pipelining, key: str, *, limit: int, after: Cursor | None = None
+) -> tuple[list[dict[str, Any]], Cursor | None]:
+    """Up to ``limit`` of the key's findings, newest first (by ``located``, then by primary
+    taskId, descending), from after ``after``; and the cursor of the next page (``None``: this
+    one is the last). Findings recorded meanwhile do not shift a page: the cursor is a place in
+    the order, not a count."""
+    b, bt = keys.bisections(key)
+    if after is None:
+        (listed,) = await store._pipeline(
+            lambda pipe: pipe.zrevrangebyscore(
+                bt, "+inf", "-inf", start=0, num=limit + 1, withscores=True
+            )
+        )
+    else:
+        at, primary = after
+        ties, older = await store._pipeline(
+            lambda pipe: (
+                pipe.zrevrangebyscore(bt, at, at, withscores=True),
+                pipe.zrevrangebyscore(
+                    bt, f"({at}", "-inf", start=0, num=limit + 1, withscores=True
+                ),
+            )
+        )
+        listed = [(m, sc) for m, sc in ties if _text(m) < primary] + list(older)
+    entries = [(_text(m), int(sc)) for m, sc in listed[: limit + 1]]
+    more = len(entries) > limit
+    entries = entries[:limit]
+    if not entries:
+        return [], None
+    (raw,) = await store._pipeline(lambda pipe: pipe.hmget(b, [m for m, _ in entries]))
+    found = [orjson.loads(r) for r in raw if r is not None]
+    last_primary, last_at = entries[-1]
+    return found, (last_at, last_primary) if more else None
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

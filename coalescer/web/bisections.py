@@ -4,6 +4,8 @@ When the newest task of a key fails, the superseding side bisects the pushes it 
 the first failing one, the culprit (:mod:`coalescer.bisection`). The enforcer records its
 findings itself; a worker reports its own here:
 
+* ``GET /v1/bisections?key=`` — a key's findings, newest first, a page at a time
+  (:func:`list_bisections`);
 * ``POST /v1/bisections`` — one finding (the shape in :mod:`coalescer.store.bisections`,
   without ``tasks``, which the store adds), authenticated as ``POST /v1/events`` is, checked
   strictly (:data:`FINDING`, every taskId and the key), recorded and counted
@@ -278,6 +280,45 @@ async def post_bisection(request: Request) -> Response:
     if new:
         bisection_recorded(finding, "http")
     return JSON({"finding": {**finding, "tasks": bisections.named_tasks(finding)}, "new": new})
+
+
+#: Findings per page of ``GET /v1/bisections``: by default, and at most.
+PAGE = 20
+MAX_PAGE = 200
+#: A page's ``continuationToken``: ``<located ms>.<primary taskId>`` of its last finding.
+TOKEN_PATTERN = r"^[0-9]{1,15}\.[A-Za-z0-9_-]{22}$"
+_TOKEN = re.compile(r"([0-9]{1,15})\.([A-Za-z0-9_-]{22})")
+
+
+def _cursor(token: str | None) -> bisections.Cursor | None:
+    if token is None or token == "":
+        return None
+    match = _TOKEN.fullmatch(token)
+    if match is None:
+        raise InvalidInput(
+            "query parameter 'continuationToken' must be one a previous page answered"
+        )
+    return int(match[1]), match[2]
+
+
+async def list_bisections(request: Request) -> Response:
+    """``GET /v1/bisections?key=K[&limit=N][&continuationToken=T]``: the key's findings,
+    newest first, a page at a time (no token needed: the key pages show them too)."""
+    params = request.query_params
+    key = model.check_key(params.get("key", ""))
+    raw_limit = params.get("limit", "")
+    if raw_limit == "":
+        limit = PAGE
+    elif raw_limit.isascii() and raw_limit.isdigit() and 1 <= int(raw_limit[:6]) <= MAX_PAGE:
+        limit = int(raw_limit)
+    else:
+        raise InvalidInput(f"query parameter 'limit' must be a whole number from 1 to {MAX_PAGE}")
+    after = _cursor(params.get("continuationToken"))
+    found, more = await bisections.page(request.app.state.store, key, limit=limit, after=after)
+    body: dict[str, Any] = {"key": key, "findings": found}
+    if more is not None:
+        body["continuationToken"] = f"{more[0]}.{more[1]}"
+    return JSON(body)
 
 
 def role(finding: Mapping[str, Any], task_id: str) -> str | None:

@@ -323,3 +323,69 @@ async def test_a_flood_of_findings_stops_at_coalescer_max_findings(
     assert refused - refused_before == flood - limit
     held = [k async for k in redis_client.scan_iter(match="co:{flood.*}:b")]
     assert len(held) == limit
+
+
+# -- GET /v1/bisections -------------------------------------------------------------------------
+
+
+def _located(doc: dict[str, Any], minute: int) -> dict[str, Any]:
+    doc["located"] = f"2026-01-01T02:{minute:02d}:00.000Z"
+    return doc
+
+
+async def test_a_keys_findings_are_listed_newest_first_a_page_at_a_time(
+    client: httpx.AsyncClient,
+) -> None:
+    # Seven findings, two of them located at the same instant; one of another key.
+    docs = [_located(finding(ids(6), key="pages"), m) for m in (1, 2, 3, 3, 4, 5, 6)]
+    for doc in docs:
+        assert (await report(client, doc)).status_code == 200, doc
+    assert (await report(client, finding(ids(6), key="other"))).status_code == 200
+    newest_first = sorted(docs, key=lambda d: (d["located"], d["primary"]["taskId"]), reverse=True)
+    seen: list[str] = []
+    token: str | None = None
+    pages = 0
+    while True:
+        params = {"key": "pages", "limit": "3"} | ({"continuationToken": token} if token else {})
+        r = await client.get("/v1/bisections", params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["key"] == "pages" and len(body["findings"]) <= 3
+        seen += [f["primary"]["taskId"] for f in body["findings"]]
+        pages += 1
+        if pages == 1:
+            # A finding recorded meanwhile (newer) shifts nothing: the token is a place.
+            late = _located(finding(ids(6), key="pages"), 59)
+            assert (await report(client, late)).status_code == 200
+        token = body.get("continuationToken")
+        if token is None:
+            break
+    assert seen == [d["primary"]["taskId"] for d in newest_first]
+    assert pages == 3
+    first = (await client.get("/v1/bisections", params={"key": "pages"})).json()
+    assert first["findings"][0]["primary"] == late["primary"]
+    assert first["findings"][1] == {**newest_first[0], "tasks": first["findings"][1]["tasks"]}
+    assert "continuationToken" not in first  # 8 findings: one page at the default size
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({}, "missing coalescing key"),
+        ({"key": "a..b"}, "a..b"),
+        ({"key": "k", "limit": "0"}, "'limit' must be a whole number from 1 to 200"),
+        ({"key": "k", "limit": "201"}, "'limit'"),
+        ({"key": "k", "limit": "²"}, "'limit'"),
+        ({"key": "k", "continuationToken": "nope"}, "'continuationToken'"),
+    ],
+)
+async def test_a_bad_listing_request_is_a_400(
+    client: httpx.AsyncClient, params: dict[str, str], says: str
+) -> None:
+    r = await client.get("/v1/bisections", params=params)
+    assert r.status_code == 400 and says in r.json()["error"], r.text
+
+
+async def test_a_key_without_findings_lists_none(client: httpx.AsyncClient) -> None:
+    r = await client.get("/v1/bisections", params={"key": "nothing.here"})
+    assert r.status_code == 200 and r.json() == {"key": "nothing.here", "findings": []}

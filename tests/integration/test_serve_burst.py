@@ -6,7 +6,9 @@ a few lines; and a new client is answered meanwhile.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,29 +59,51 @@ def test_a_burst_of_listings_is_answered_or_shed_and_new_clients_still_answered(
         b"GET /burst/key HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\n"
         b"Connection: close\r\n\r\n"
     )
-    with (
-        herd(service.port) as burst,
-        httpx.Client(timeout=1.0, limits=httpx.Limits(max_keepalive_connections=0)) as client,
-    ):
+    took: list[float] = []
+    failures: list[str] = []
+
+    def new_client() -> None:
+        """Queries, each on a connection of its own, while the burst is served."""
+        limits = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(timeout=30, limits=limits) as client:
+            for n in range(NEW_CLIENT_QUERIES):
+                task = taskcluster.slugid.nice()
+                started = time.monotonic()
+                try:
+                    if n % 2:
+                        r = client.get(f"{service.base}/other/key?taskId={task}")
+                        good = r.status_code == 200 and r.json() == {"supersedes": [task]}
+                    else:
+                        r = client.get(
+                            f"{service.base}/other/key", headers={"accept": "application/json"}
+                        )
+                        shed = r.status_code == 503 and "retry-after" in r.headers
+                        good = r.status_code == 200 or shed
+                except httpx.HTTPError as exc:
+                    failures.append(f"query {n}: {exc!r}")
+                    continue
+                took.append(time.monotonic() - started)
+                if not good:
+                    failures.append(f"query {n}: {r.status_code} {r.text}")
+
+    with herd(service.port) as burst:
         burst.open(BURST, deadline=time.monotonic() + 30)
         assert burst.failed == 0
+        sent = time.monotonic()
         burst.send(request)
-        # A new client, each query on a connection of its own, while the burst is served.
-        took = []
-        for n in range(NEW_CLIENT_QUERIES):
-            task = taskcluster.slugid.nice()
-            started = time.monotonic()
-            if n % 2:
-                r = client.get(f"{service.base}/other/key?taskId={task}")
-                assert r.status_code == 200 and r.json() == {"supersedes": [task]}, r.text
-            else:
-                r = client.get(f"{service.base}/other/key", headers={"accept": "application/json"})
-                assert r.status_code == 200 or (
-                    r.status_code == 503 and "retry-after" in r.headers
-                ), r.text
-            took.append(time.monotonic() - started)
+        client = threading.Thread(target=new_client)
+        client.start()
         burst.watch(60)
+        client.join(60)
         assert burst.still_open() == 0, f"{burst.still_open()} requests not answered"
+    drained = max(burst.closed.values()) - sent
+    assert not failures, failures
+    assert len(took) == NEW_CLIENT_QUERIES
+    # Answered within 1 s, as long as the machine lets the burst itself drain within that; on a
+    # machine so busy that the burst takes longer, at least not after the burst has drained
+    # (a new client starved behind the whole burst, or refused, is what this catches).
+    bound = max(1.0, drained)
+    assert max(took) <= bound, (took, drained, os.getloadavg())
     statuses = _statuses(burst)
     assert len(statuses) == BURST
     ok = sum(1 for status, _ in statuses if status == 200)
@@ -92,8 +116,9 @@ def test_a_burst_of_listings_is_answered_or_shed_and_new_clients_still_answered(
     loud = _loud_lines(service.text())
     print(
         f"\n{BURST} listings at once: {ok} answered 200, {len(shed)} shed (503); a new client "
-        f"answered in {min(took) * 1000:.0f}-{max(took) * 1000:.0f} ms; {len(loud)} log lines "
-        "at WARNING or above"
+        f"answered in {min(took) * 1000:.0f}-{max(took) * 1000:.0f} ms; the burst drained in "
+        f"{drained * 1000:.0f} ms; {len(loud)} log lines at WARNING or above; load "
+        f"{os.getloadavg()[0]:.1f}"
     )
     assert len(loud) <= 4, "\n".join(loud)
     # The service is itself again: every listing answered.

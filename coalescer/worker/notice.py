@@ -89,7 +89,7 @@ def located(
 _SHOWN_PARAMS = ("age", "size", "taskId")
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: What a host may look like in a log: a name, an IPv4 or a bracketed IPv6 address.
-_PLAIN_HOST = re.compile(r"[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
 
 
 def _plain_origin(parts: SplitResult) -> str:
@@ -106,9 +106,10 @@ def _plain_origin(parts: SplitResult) -> str:
 
 
 def _plain_path(path: str) -> str:
-    """``path`` percent-encoded but for letters, digits, ``/ - . _ ~ %``: no viewer of a log
-    renders it as Markdown, HTML or a link of its own."""
-    return quote(path, safe="/%")
+    """``path`` percent-encoded but for letters, digits and ``/ - . _ ~ % + : @`` (what a
+    coalescing key may hold): no viewer of a log renders it as Markdown, HTML or a link of its
+    own."""
+    return quote(path, safe="/%+:@")
 
 
 def shown_url(url: str) -> str:

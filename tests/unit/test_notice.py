@@ -90,6 +90,8 @@ HOSTILE = "[Download-fix](https://evil.example/fix.sh)<img/src=x/onerror=alert(1
         ("https://svc/k/<b>[x](y)", "https://svc/k/%3Cb%3E%5Bx%5D%28y%29"),
         ("http://ev<il>/k", "http://invalid-host/k"),
         ("http://[::1]:8000/k#frag", "http://[::1]:8000/k"),
+        ("http://svc/a~b/c+d/e:f@g", "http://svc/a~b/c+d/e:f@g"),
+        ("http://coalescer_web:8000/k", "http://coalescer_web:8000/k"),
     ],
 )
 def test_a_url_shown_in_a_log_keeps_no_markup_credentials_or_foreign_query(

@@ -10,7 +10,9 @@
     │   └── IngestDisabled   no ingest token configured
     ├── StoreError           the store (Redis) failed a command
     │   ├── StoreUnavailable unreachable, too slow, or refusing writes for now (full, read-only,
-    │   │                    loading, busy, cluster down): hold and retry (the web edge: 503)
+    │   │   │                loading, busy, cluster down): hold and retry (the web edge: 503)
+    │   │   └── StoreOverloaded  every connection of the pool busy for too long: load shed, not
+    │   │                        an outage (the web edge: 503, counted apart)
     │   └── StoreRejected    refused one command for good (a script error, a wrong type): a bug,
     │                        or an event that can never apply
     ├── ingest.rebuild.ListingFailed         a queue listing could not be read to its end
@@ -80,6 +82,14 @@ class StoreUnavailable(StoreError):
         super().__init__(message)
         self.reason = reason
         self.outcomes = outcomes
+
+
+class StoreOverloaded(StoreUnavailable):
+    """Every connection of this process's Redis pool stayed in use for longer than a call may
+    wait (a burst of requests): the call is shed. Redis itself is fine; retry shortly."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="overloaded")
 
 
 class StoreRejected(StoreError):

@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from coalescer.backoff import JITTER, Backoff
-from coalescer.errors import ConfigError, StoreUnavailable
+from coalescer.errors import ConfigError, StoreOverloaded, StoreUnavailable
 from coalescer.logs import Throttled
 from coalescer.model import format_time_ms
 from coalescer.store import IndexState, Store
@@ -311,6 +311,8 @@ async def watch_store(store: Store, health: Health) -> None:
     rebuild is a warning."""
     try:
         await store.probe()
+    except StoreOverloaded:
+        raise  # a burst of requests holds every connection: Redis may well take writes
     except StoreUnavailable as exc:
         if health.store_down != exc.reason:
             log.error("Redis does not take writes (%s): %s", exc.reason, exc)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import re
 import time
+from collections.abc import Mapping
 from typing import TextIO
 
 import orjson
@@ -91,14 +93,46 @@ class RequestContext(logging.Filter):
         return True
 
 
+#: A URL in a log line: up to the first character that cannot be part of one.
+_URL = re.compile(r"\b(?:https?|wss?)://[^\s\"'<>\\]+", re.IGNORECASE)
+
+
+def _plain(match: re.Match[str]) -> str:
+    url = match[0]
+    scheme, rest = url.split("://", 1)
+    authority, slash, path = rest.partition("/")
+    path, query, _ = (slash + path).partition("#")[0].partition("?")
+    return f"{scheme}://{authority.rpartition('@')[2]}{path}{'?…' if query else ''}"
+
+
+def scrub(line: str) -> str:
+    """``line`` with every URL in it cut to its scheme, host and path: a query string (a
+    presigned URL's signature, a token) and a user or password are left out, whoever logged
+    it (httpx logs each request's URL at INFO; an HTTP error's message holds it too)."""
+    return _URL.sub(_plain, line) if "://" in line else line
+
+
+class Scrubbed(logging.Formatter):
+    """Formats with ``inner``, then :func:`scrub` s the line (message, exception and all)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(self.inner.format(record))
+
+
 def make_handler(json: bool = True, stream: TextIO | None = None) -> logging.Handler:
     """The service's log handler: JSON (or text) lines to ``stream`` (stderr), each with the
-    request's id and long values clipped."""
+    request's id, long values clipped, and the URLs in it without their query (:func:`scrub`)."""
     handler = logging.StreamHandler(stream)
     handler.setFormatter(
-        JSONFormatter()
-        if json
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        Scrubbed(
+            JSONFormatter()
+            if json
+            else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
     )
     handler.addFilter(RequestContext())
     handler.addFilter(ClipLong())
@@ -137,7 +171,10 @@ def adopt_uvicorn() -> None:
     (tests, embedding).
     """
     root = logging.getLogger()
-    if not any(isinstance(h.formatter, JSONFormatter) for h in root.handlers):
+    if not any(
+        isinstance(h.formatter, Scrubbed) and isinstance(h.formatter.inner, JSONFormatter)
+        for h in root.handlers
+    ):
         return
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
@@ -155,7 +192,9 @@ class Throttled:
         self._last = -float("inf")
         self._held = 0
 
-    def log(self, level: int, message: str, *args: object) -> None:
+    def log(
+        self, level: int, message: str, *args: object, extra: Mapping[str, object] | None = None
+    ) -> None:
         now = time.monotonic()
         if now - self._last < self.every:
             self._held += 1
@@ -163,4 +202,4 @@ class Throttled:
         if self._held:
             message += f" ({self._held} more like this in the last {now - self._last:.0f} s)"
         self._last, self._held = now, 0
-        self.logger.log(level, message, *args)
+        self.logger.log(level, message, *args, extra=extra)

@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from coalescer import history, keyset
-from coalescer.errors import StoreError, StoreUnavailable
+from coalescer.errors import StoreError, StoreOverloaded, StoreUnavailable
 from coalescer.history import Durations, Retention, Tally
 from coalescer.model import TaskEvent
 from coalescer.store import Store, views
@@ -66,6 +66,13 @@ HELD = Gauge(
     multiprocess_mode="livesum",
 )
 HTTP_ERRORS = Counter("coalescer_http_errors", "Error responses sent, by status code", ["status"])
+REQUESTS_SHED = Counter(
+    "coalescer_requests_shed",
+    "Requests answered 503 with Retry-After to shed load, by reason (store_busy: every "
+    "connection of the process's Redis pool stayed in use while the request waited for one); "
+    "not a store outage, and not counted in coalescer_store_errors_total",
+    ["reason"],
+)
 CONNECTIONS_SHED = Counter(
     "coalescer_connections_shed",
     "Client connections closed by the service, by reason (idle: no request within "
@@ -93,6 +100,10 @@ EVENTS_LIMITED = Counter(
     "(keys: a new key past COALESCER_MAX_KEYS; tasks: a new task past COALESCER_MAX_TASKS)",
     ["limit"],
 )
+FINDINGS_LIMITED = Counter(
+    "coalescer_findings_limited",
+    "Bisection findings refused by POST /v1/bisections because COALESCER_MAX_FINDINGS are kept",
+)
 #: Seconds between the log lines that say what the limits refused (the first at once).
 LIMITED_LOG_EVERY = 10.0
 
@@ -108,6 +119,14 @@ BISECTION_EXTRA_RUNS = Counter(
     "source (http, enforcer)",
     ["source"],
 )
+
+
+def store_failed(exc: StoreUnavailable) -> None:
+    """Count a store failure, unless it is load shed (:class:`StoreOverloaded`): Redis is fine
+    then, and an alert on store errors must not fire."""
+    if not isinstance(exc, StoreOverloaded):
+        STORE_ERRORS.labels(exc.reason).inc()
+
 
 #: Names of the shared counters (``/v1/stats``) per ingest outcome.
 STAT_NAMES = {
@@ -246,7 +265,7 @@ class Observer:
         try:
             await self.store.remember_answers(batch, history=buckets, retention=self.retention)
         except StoreUnavailable as exc:
-            STORE_ERRORS.labels(exc.reason).inc()
+            store_failed(exc)
             self.history.restore(buckets)
             raise
         for _ in batch:
@@ -406,7 +425,7 @@ async def exposition(
     try:
         totals = await stored.totals(store, now_ms=now_ms)
     except StoreUnavailable as exc:
-        STORE_ERRORS.labels(exc.reason).inc()
+        store_failed(exc)
         log.warning("metrics without the index gauges: %s", exc)
         up = False
     gauges = CollectorRegistry(auto_describe=False)

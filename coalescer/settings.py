@@ -74,6 +74,9 @@ class Settings:
     #: ``COALESCER_MAX_TASKS``: tasks the index tracks at most (a task once per key it is
     #: under); an event of another task is not indexed (``limited``)
     max_tasks: int = 2_000_000
+    #: ``COALESCER_MAX_FINDINGS``: bisection findings kept at most over every key (each for 30
+    #: days); ``POST /v1/bisections`` refuses another (``507``)
+    max_findings: int = 10_000
     ingest_token: Secret | None = None
     max_body_bytes: int = 1 << 20
     #: ``COALESCER_MAX_HEADER_BYTES``: largest request head (request line and headers)
@@ -197,6 +200,7 @@ class Settings:
             max_list=integer("COALESCER_MAX_LIST", cls.max_list, 1),
             grace_seconds=integer("COALESCER_GRACE_SECONDS", cls.grace_seconds, 0),
             max_keys=integer("COALESCER_MAX_KEYS", cls.max_keys, 1, 100_000_000),
+            max_findings=integer("COALESCER_MAX_FINDINGS", cls.max_findings, 1, 10_000_000),
             max_tasks=integer("COALESCER_MAX_TASKS", cls.max_tasks, 1, 1_000_000_000),
             ingest_token=Secret(token) if token else None,
             max_body_bytes=integer("COALESCER_MAX_BODY_BYTES", cls.max_body_bytes, 1024),
@@ -299,14 +303,32 @@ def _directory(name: str, path: str | None) -> str | None:
     return path
 
 
+#: Characters a URL written into public logs may not hold: whitespace, control characters, and
+#: those RFC 3986 never allows unescaped (a viewer may render them as HTML or Markdown).
+_UNSAFE_IN_URL = re.compile(r'[\x00-\x20\x7f-\x9f<>"`{}|\\^]')
+
+
 def _http_url(name: str, url: str | None) -> str | None:
     """An ``http(s)://host...`` setting without its trailing slash, refused with a clear
-    message otherwise (it becomes links people click)."""
+    message otherwise. It becomes links people click, in the logs of every run superseded: a
+    user and password, a query or fragment, spaces, control or escape characters are refused
+    (the message does not repeat the value: it may hold a password)."""
     if url is None:
         return None
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{name} must be an http:// or https:// URL with a host, not {url!r}")
+    if "@" in parts.netloc:
+        raise ConfigError(
+            f"{name} must not hold a user or password: it is written into public logs"
+        )
+    if _UNSAFE_IN_URL.search(url):
+        raise ConfigError(
+            f'{name} must not hold spaces, control characters or any of <>"`{{}}|\\^: '
+            "percent-encode them"
+        )
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ConfigError(f"{name} must be the service's base URL, without a query or fragment")
     return url.rstrip("/")
 
 

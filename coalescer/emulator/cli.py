@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from coalescer.emulator.runtime import EmulatorOptions
     from coalescer.settings import Settings
 
 log = logging.getLogger("coalescer.emulator")
@@ -52,6 +53,14 @@ def register(subparsers: Any) -> None:
         help="longest a claimWork call waits for work (default 20)",
     )
     parser.add_argument(
+        "--claim-timeout",
+        type=float,
+        default=1200.0,
+        metavar="SECONDS",
+        help="seconds from a claim or reclaim to its takenUntil (default 1200, the real "
+        "queue's; its TASK_CLAIM_TIMEOUT)",
+    )
+    parser.add_argument(
         "--deadline-delay",
         type=float,
         default=60.0,
@@ -62,12 +71,9 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve the emulator with uvicorn until interrupted."""
-    import uvicorn
-
+def options(args: argparse.Namespace, settings: Settings) -> EmulatorOptions:
+    """The emulator's options from the command line; :class:`ConfigError` for bad ones."""
     from coalescer.emulator.runtime import EmulatorOptions
-    from coalescer.emulator.server import create_app
     from coalescer.errors import ConfigError
     from coalescer.settings import amqp_url
 
@@ -76,25 +82,37 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--publish-to must be an http:// or https:// URL")
     if args.claim_work_timeout < 0:
         raise ConfigError("--claim-work-timeout must not be negative")
+    if not args.claim_timeout > 0:
+        raise ConfigError("--claim-timeout must be more than 0")
     if args.deadline_delay < 0:
         raise ConfigError("--deadline-delay must not be negative")
     token = settings.ingest_token.reveal() if settings.ingest_token else None
-    options = EmulatorOptions(
+    return EmulatorOptions(
         legacy=args.legacy,
         controllable_clock=args.controllable_clock,
         claim_work_timeout=args.claim_work_timeout,
+        claim_timeout=args.claim_timeout,
         deadline_delay=args.deadline_delay,
         pulse_url=args.pulse_url,
         publish_to=args.publish_to,
         ingest_token=token,
     )
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve the emulator with uvicorn until interrupted."""
+    import uvicorn
+
+    from coalescer.emulator.server import create_app
+
+    served = options(args, settings)
     log.warning(
         "queue emulator on http://%s:%d (rootUrl) — state is in memory only, for tests and demos",
         args.host,
         args.port,
     )
     uvicorn.run(
-        create_app(options),
+        create_app(served),
         host=args.host,
         port=args.port,
         log_level="warning",

@@ -42,7 +42,7 @@ from coalescer.ingest.events import Message, to_event
 from coalescer.ingest.record import Recorder
 from coalescer.logs import Throttled
 from coalescer.model import TaskEvent
-from coalescer.observe import HELD, STORE_ERRORS, Observer
+from coalescer.observe import HELD, Observer, store_failed
 from coalescer.settings import Settings, redact_url
 from coalescer.store import Store
 from coalescer.store.census import Limits
@@ -358,7 +358,7 @@ class Consumer:
                         )
                     )
                 except StoreUnavailable as exc:
-                    STORE_ERRORS.labels(exc.reason).inc()
+                    store_failed(exc)
                     HELD.set(len(events))
                     delay = backoff.next()
                     self._held_log.log(

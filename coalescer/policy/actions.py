@@ -21,7 +21,9 @@ import orjson
 from taskcluster.exceptions import TaskclusterFailure
 
 from coalescer.model import parse_time_ms
+from coalescer.store.lineage import Decision
 from coalescer.store.policy import Entry
+from coalescer.worker import notice
 from coalescer.worker.claims import Claim, Clock, Connection, http_status, utcnow
 from coalescer.worker.notice import Why
 from coalescer.worker.protocol import (
@@ -109,12 +111,9 @@ class Actions:
         self.http = http
         self.me = {"workerGroup": worker_group, "workerId": worker_id}
         self.public_url = public_url
+        self.by = f"coalescer enforce ({worker_group}/{worker_id})"
         self.superseding = Superseding(
-            supersede_as,
-            queue,
-            http,
-            root_url=conn.root_url,
-            by=f"coalescer enforce ({worker_group}/{worker_id})",
+            supersede_as, queue, http, root_url=conn.root_url, by=self.by
         )
         self.clock = clock
         self.fraction = reclaim_fraction
@@ -354,6 +353,56 @@ class Actions:
         except TaskclusterFailure as exc:
             if http_status(exc) != 409:
                 raise
+
+    async def restate(
+        self, decision: Decision, final: tuple[str, int], public_url: str | None = None
+    ) -> bool:
+        """Rewrite the log and ``public/superseded-by.json`` of a run the enforcer ended for
+        ``decision.by``, which was superseded in turn since: they name ``final``, the end of
+        the chain, whose result now stands for it (as the service's page of the task does).
+        Only a run ended ``exception`` takes artifacts after its resolution (for a while);
+        best effort: False when the queue refuses."""
+        if decision.resolved_as not in ("canceled", "exception/superseded"):
+            return False
+        victim, run_id = decision.task_id, decision.run
+        why = Why(
+            rule=f"policy rule {decision.rule!r} on key {decision.key}: {decision.reason}; "
+            f"task {decision.by} superseded it first, and was superseded in turn: task "
+            f"{final[0]} ends the chain",
+            service=public_url or self.public_url,
+        )
+        body = notice.render(
+            victim,
+            run_id,
+            final,
+            decision.resolved_as,
+            decision.resolved_why,
+            why,
+            root_url=self.conn.root_url,
+            by=self.by,
+        )
+        try:
+            task = await self.queue.task(victim)
+            for name, content, content_type in (
+                (SUPERSEDED_BY, superseded_by_json(*final), JSON),
+                (notice.LOG, body, notice.TEXT),
+            ):
+                created = await self.queue.createArtifact(
+                    victim,
+                    str(run_id),
+                    name,
+                    {"storageType": "s3", "expires": task["expires"], "contentType": content_type},
+                )
+                response = await self.http.put(
+                    created["putUrl"], content=content, headers={"content-type": content_type}
+                )
+                response.raise_for_status()
+        except (TaskclusterFailure, httpx.HTTPError) as exc:
+            log.info(
+                "could not name %s on %s/%d as its final primary: %s", final[0], victim, run_id, exc
+            )
+            return False
+        return True
 
     async def _link(self, entry: Entry, run_id: int) -> None:
         """``public/superseded-by.json`` on a run another worker holds, with the enforcer's own

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import signal
 import sys
+from functools import partial
 from typing import Any
 
 from coalescer.errors import ConfigError
@@ -22,6 +23,8 @@ from coalescer.settings import Settings, queue_credentials
 from coalescer.worker.protocol import SupersedeAs
 
 log = logging.getLogger("coalescer.policy")
+#: Seconds between looks at the store (writable, evicting, emptied), as listen's.
+WATCH_SECONDS = 5.0
 
 
 def register(sub: Any) -> None:
@@ -131,6 +134,7 @@ async def _idle() -> int:
 
 
 async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
+    from coalescer.health import Health, Supervisor, watch_store
     from coalescer.policy.enforcer import connect
     from coalescer.store import open_store
 
@@ -140,6 +144,10 @@ async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
         start_http_server(args.metrics_port)
     stop = _stop_event()
     store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)
+    # Says in the log when Redis stops taking writes, may evict keys, or was emptied (the
+    # decisions waiting in the outboxes are then lost), as serve and listen do.
+    supervisor = Supervisor(Health())
+    supervisor.every("watch-store", WATCH_SECONDS, partial(watch_store, store, supervisor.health))
     try:
         async with connect(
             store,
@@ -159,6 +167,7 @@ async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
             log.info("enforcing as %s", enforcer.consumer)
             await enforcer.run(stop)
     finally:
+        await supervisor.stop()
         await store.close()
     print("enforcer stopped", file=sys.stderr)
     return 0

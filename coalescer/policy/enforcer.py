@@ -58,6 +58,8 @@ _INITIAL = ("decided",)
 _SETTLING = ("settling",)
 #: States of a primary that is itself being replaced.
 _REPLACED = ("decided", "settling", "held", "superseded", "canceled")
+#: Runs at most whose logs are rewritten to name a new final primary (a chain's victims).
+MAX_RESTATED = 256
 
 
 def default_consumer() -> str:
@@ -268,7 +270,30 @@ class Enforcer:
             ACTIONS.labels(entry.rule, result.state).inc()
             if saved:
                 SAVED.labels(entry.rule).inc(saved / 1000)
+            if result.state in ("superseded", "canceled"):
+                await self._restate(entry)
         return result
+
+    async def _restate(self, entry: outbox.Entry) -> None:
+        """``entry.victim`` was just superseded (for ``entry.primary``, the end of its chain):
+        the runs ended earlier for it, and for those it stood for in turn, name that final
+        primary now, in their logs and ``superseded-by.json``. Only the queue's real runs
+        have logs (:class:`Actions`); best effort."""
+        if not isinstance(self.actions, Actions):
+            return
+        final = (entry.primary, entry.primary_run)
+        todo, seen = [entry.victim], {entry.victim, entry.primary}
+        while todo and len(seen) < MAX_RESTATED:
+            try:
+                _, theirs = await records.lineage(self.store, [entry.key], todo.pop(0))
+            except StoreUnavailable:
+                return
+            for decision in theirs:
+                if decision.task_id in seen or decision.state not in ("superseded", "canceled"):
+                    continue
+                seen.add(decision.task_id)
+                todo.append(decision.task_id)
+                await self.actions.restate(decision, final)
 
     async def _final(self, entry: outbox.Entry) -> outbox.Entry:
         """``entry`` with the end of its primary's chain as the primary: when ``B`` (which

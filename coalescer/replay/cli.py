@@ -33,7 +33,11 @@ def register(sub: Any) -> None:
         "configuration, through the service's own index, and compare them side by side.",
     )
     source = p.add_argument_group("history (synthetic unless --events or --task-group)")
-    source.add_argument("--events", metavar="FILE", help="JSON lines of Pulse messages")
+    source.add_argument(
+        "--events",
+        metavar="FILE",
+        help="Pulse messages: JSON lines, or a JSON array (the body of POST /v1/events)",
+    )
     source.add_argument(
         "--task-group",
         action="append",

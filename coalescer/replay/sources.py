@@ -143,15 +143,41 @@ def _specs(
     return specs, unchecked
 
 
+#: What ``--events`` reads, for the error that says it.
+EVENTS_FORMAT = (
+    "one Pulse message per line (JSON lines, as COALESCER_RECORD_FILE records them), or a JSON "
+    "array of messages (the body of POST /v1/events)"
+)
+
+
 def read_events(lines: Iterable[bytes | str]) -> Iterator[Message]:
-    """Messages from JSON lines (blank lines skipped; ``POST /v1/events`` shapes)."""
+    """Messages from JSON lines (blank lines skipped; ``POST /v1/events`` shapes), or from a
+    file that is one JSON array of them (``docs/examples/events.json``)."""
+    lines = iter(lines)
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        if line.lstrip()[:1] in ("[", b"["):
+            yield from _array(n, line, lines)
+            return
         try:
             yield Message.from_json(orjson.loads(line))
         except (orjson.JSONDecodeError, InvalidEvent) as exc:
-            raise SourceError(f"line {n}: {exc}") from exc
+            raise SourceError(f"line {n}: {exc} (expected {EVENTS_FORMAT})") from exc
+
+
+def _array(n: int, first: bytes | str, rest: Iterator[bytes | str]) -> Iterator[Message]:
+    """The messages of a JSON array that begins on line ``n``."""
+    text = [x.encode() if isinstance(x, str) else x for x in (first, *rest)]
+    try:
+        doc = orjson.loads(b"".join(text))
+    except orjson.JSONDecodeError as exc:
+        raise SourceError(f"line {n}: {exc} (expected {EVENTS_FORMAT})") from exc
+    for i, item in enumerate(doc):
+        try:
+            yield Message.from_json(item)
+        except InvalidEvent as exc:
+            raise SourceError(f"message {i + 1} of the array: {exc}") from exc
 
 
 def from_events(

@@ -16,11 +16,14 @@ A finding is a JSON object (camelCase, as the HTTP API answers it)::
 
 ``tasks`` is what :func:`for_task` looks findings up by. Writes are one ``bisect.lua`` call
 (atomic, idempotent: the same finding again changes nothing); at most :data:`KEEP` findings per
-key are kept, for :data:`TTL_MS` after the newest.
+key are kept, for :data:`TTL_MS` after the newest. Every finding recorded is also counted in
+``co:findings`` until it expires, so that the findings over every key stay within a limit
+(``COALESCER_MAX_FINDINGS``, :func:`room`), as the index's keys and tasks do.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,8 +57,10 @@ async def record(store: Pipelining, finding: Mapping[str, Any], located_ms: int)
     tasks = named_tasks(finding)
     body = orjson.dumps({**finding, "tasks": tasks})
     primary = finding["primary"]["taskId"]
-    (new,) = await store._pipeline(
-        lambda pipe: store._eval(
+    until = int(time.time() * 1000) + TTL_MS
+
+    def fill(pipe: Any) -> None:
+        store._eval(
             pipe,
             "bisect",
             keys.bisections(finding["key"]),
@@ -66,8 +71,34 @@ async def record(store: Pipelining, finding: Mapping[str, Any], located_ms: int)
             KEEP,
             *tasks,
         )
-    )
+        pipe.zadd(keys.FINDINGS, {_member(finding): until})
+
+    new, _ = await store._pipeline(fill)
     return bool(new)
+
+
+def _member(finding: Mapping[str, Any]) -> str:
+    return f"{finding['key']} {finding['primary']['taskId']}"
+
+
+async def room(store: Pipelining, finding: Mapping[str, Any], *, limit: int, now_ms: int) -> bool:
+    """Whether ``finding`` may be recorded under a limit of ``limit`` findings over every key:
+    yes when fewer are kept (those expired are dropped first), or when it is one of them again
+    (a retry). Processes recording at once at the edge can pass the limit by one each."""
+    _, kept, again = await store._pipeline(
+        lambda pipe: (
+            pipe.zremrangebyscore(keys.FINDINGS, "-inf", now_ms),
+            pipe.zcard(keys.FINDINGS),
+            pipe.zscore(keys.FINDINGS, _member(finding)),
+        )
+    )
+    return again is not None or int(kept) < limit
+
+
+async def kept(store: Pipelining, *, now_ms: int) -> int:
+    """How many findings are kept over every key (those not expired)."""
+    (count,) = await store._pipeline(lambda pipe: pipe.zcount(keys.FINDINGS, f"({now_ms}", "+inf"))
+    return int(count)
 
 
 async def for_task(store: Pipelining, names: Sequence[str], task_id: str) -> list[dict[str, Any]]:
@@ -94,6 +125,46 @@ async def recent(store: Pipelining, key: str, limit: int = 20) -> list[dict[str,
         return []
     raw = await store._pipeline(lambda pipe: [pipe.hget(b, _text(p)) for p in primaries])
     return [orjson.loads(r) for r in raw if r is not None]
+
+
+#: Where a page of a key's findings ends: the last one's ``(located_ms, primary)``.
+Cursor = tuple[int, str]
+
+
+async def page(
+    store: Pipelining, key: str, *, limit: int, after: Cursor | None = None
+) -> tuple[list[dict[str, Any]], Cursor | None]:
+    """Up to ``limit`` of the key's findings, newest first (by ``located``, then by primary
+    taskId, descending), from after ``after``; and the cursor of the next page (``None``: this
+    one is the last). Findings recorded meanwhile do not shift a page: the cursor is a place in
+    the order, not a count."""
+    b, bt = keys.bisections(key)
+    if after is None:
+        (listed,) = await store._pipeline(
+            lambda pipe: pipe.zrevrangebyscore(
+                bt, "+inf", "-inf", start=0, num=limit + 1, withscores=True
+            )
+        )
+    else:
+        at, primary = after
+        ties, older = await store._pipeline(
+            lambda pipe: (
+                pipe.zrevrangebyscore(bt, at, at, withscores=True),
+                pipe.zrevrangebyscore(
+                    bt, f"({at}", "-inf", start=0, num=limit + 1, withscores=True
+                ),
+            )
+        )
+        listed = [(m, sc) for m, sc in ties if _text(m) < primary] + list(older)
+    entries = [(_text(m), int(sc)) for m, sc in listed[: limit + 1]]
+    more = len(entries) > limit
+    entries = entries[:limit]
+    if not entries:
+        return [], None
+    (raw,) = await store._pipeline(lambda pipe: pipe.hmget(b, [m for m, _ in entries]))
+    found = [orjson.loads(r) for r in raw if r is not None]
+    last_primary, last_at = entries[-1]
+    return found, (last_at, last_primary) if more else None
 
 
 def _text(value: Any) -> str:

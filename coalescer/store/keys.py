@@ -65,6 +65,8 @@ STATS = "co:stats"
 OUTBOX = "co:outbox"
 INDEX_STATE = "co:index"
 PROBE = "co:probe"
+#: Every finding kept, over every key (``<key> <primary>`` -> when it expires), for the limit.
+FINDINGS = "co:findings"
 KEYS_EXPIRY = "{co:keys}:expiry"
 CENSUS = "{co:keys}:census"
 UPKEEP_LEASE = "{co:keys}:lease"

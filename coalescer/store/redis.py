@@ -32,6 +32,7 @@ from coalescer.errors import StoreError, StoreRejected, StoreUnavailable
 from coalescer.history import Retention, Slot
 from coalescer.store import history as stored_history
 from coalescer.store import keys, views
+from coalescer.store.admission import POOL_SIZE, Admission
 from coalescer.store.census import Census, Limits
 from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
@@ -164,11 +165,17 @@ class Store:
             name: hashlib.sha1(source.encode()).hexdigest() for name, source in self._source.items()
         }
         self._loaded = False
+        #: Who may use the connection pool now, and who waits (a burst is shed, see admission).
+        self.admission = Admission(POOL_SIZE)
         #: How large the index is, as this process last saw it, and what it refused.
         self.census = Census()
 
     # -- plumbing -------------------------------------------------------------------------
     async def load_scripts(self) -> None:
+        async with self.admission.slot():
+            await self._load_scripts()
+
+    async def _load_scripts(self) -> None:
         for name, source in self._source.items():
             self._sha[name] = await self._guard(self.client.script_load(source))
         self._loaded = True
@@ -184,10 +191,17 @@ class Store:
     ) -> list[Any]:
         """Run the commands ``fill`` queues in one round trip, reloading scripts once if Redis
         lost them (restart, ``SCRIPT FLUSH``). With ``raise_on_error`` false, a command's
-        error is its reply (redis-py's exception), for the caller to sort out."""
+        error is its reply (redis-py's exception), for the caller to sort out. Waits for a
+        connection of the pool a bounded time (:class:`~coalescer.errors.StoreOverloaded`)."""
+        async with self.admission.slot():
+            return await self._round_trip(fill, raise_on_error=raise_on_error)
+
+    async def _round_trip(
+        self, fill: Callable[[Any], object], *, raise_on_error: bool
+    ) -> list[Any]:
         for attempt in (1, 2):
             if not self._loaded:
-                await self.load_scripts()
+                await self._load_scripts()
             pipe: Any = (
                 self.client.pipeline(transaction=False)
                 if self.nodes is None
@@ -211,7 +225,8 @@ class Store:
         pipe.evalsha(self._sha[name], len(key_names), *key_names, *args)
 
     async def ping(self) -> bool:
-        return bool(await self._guard(self.client.ping()))
+        async with self.admission.slot():
+            return bool(await self._guard(self.client.ping()))
 
     async def probe(self) -> None:
         """Write and read one small key: :class:`StoreUnavailable` unless Redis takes writes
@@ -239,7 +254,8 @@ class Store:
         store, a Cluster)."""
         if self.embedded or self.nodes is not None:
             return None
-        info = await self._guard(self.client.info("memory"))
+        async with self.admission.slot():
+            info = await self._guard(self.client.info("memory"))
         policy = str(info.get("maxmemory_policy", "noeviction"))
         return None if policy in SAFE_POLICIES else policy
 
@@ -754,7 +770,7 @@ async def open_store(
         # node that owns it: writes through per-node pipelines, queries through a lean
         # connection per node.
         cluster = aioredis.RedisCluster.from_url(
-            redis_url, socket_connect_timeout=5, socket_timeout=10, max_connections=256
+            redis_url, socket_connect_timeout=5, socket_timeout=10, max_connections=POOL_SIZE
         )
         router = (
             ClusterRouter(cluster, redis_url, timeout=query_timeout)
@@ -775,7 +791,7 @@ async def open_store(
             socket_connect_timeout=5,
             socket_timeout=10,
             health_check_interval=30,
-            max_connections=256,
+            max_connections=POOL_SIZE,  # no more in use at once: see Store.admission
             # A pooled connection may be one that a restarted Redis closed: one retry on a new
             # connection (never after a timeout: a frozen Redis must be an error soon).
             retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),

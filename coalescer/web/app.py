@@ -20,11 +20,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from coalescer import logs, upkeep
-from coalescer.errors import AuthError, IngestDisabled, InvalidInput, StoreError, StoreUnavailable
+from coalescer.errors import (
+    AuthError,
+    IngestDisabled,
+    InvalidInput,
+    StoreError,
+    StoreOverloaded,
+    StoreUnavailable,
+)
 from coalescer.health import Health, Supervisor, watch_store
 from coalescer.ingest.record import Recorder
 from coalescer.logs import Throttled
-from coalescer.observe import HTTP_ERRORS, STORE_ERRORS, Observer, exposition
+from coalescer.observe import HTTP_ERRORS, REQUESTS_SHED, STORE_ERRORS, Observer, exposition
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
 from coalescer.web import api, bisections, lineage, pages, tracing
@@ -74,6 +81,21 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
         request, 503, f"the index store (Redis) is unavailable ({exc.reason}); retry shortly"
     )
     response.headers["retry-after"] = str(RETRY_AFTER)
+    return response
+
+
+#: One line per burst shed, not one per request.
+_SHED_LOG = Throttled(log)
+#: Seconds a client whose request was shed is told to wait before retrying.
+RETRY_AFTER_SHED = 1
+
+
+async def _overloaded(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StoreOverloaded)
+    REQUESTS_SHED.labels("store_busy").inc()
+    _SHED_LOG.log(logging.WARNING, "shedding requests: %s", exc)
+    response = _error(request, 503, f"the service is busy: {exc}")
+    response.headers["retry-after"] = str(RETRY_AFTER_SHED)
     return response
 
 
@@ -220,6 +242,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         _traced("/v1/docker-worker/{key}", api.docker_worker),
         _traced("/v1/events", post_events, "POST"),
         _traced("/v1/bisections", bisections.post_bisection, "POST"),
+        _traced("/v1/bisections", bisections.list_bisections),
         _traced("/v1/tasks/{taskId}", lineage.task_lineage),
         _traced("/v1/tasks/{taskId}/supersedes", lineage.task_handoff),
         _traced("/v1/policy", lineage.policy_stats),
@@ -231,6 +254,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         exception_handlers={
             InvalidInput: _invalid,
             AuthError: _auth,
+            StoreOverloaded: _overloaded,
             StoreUnavailable: _unavailable,
             HTTPException: _http,
             Exception: _crash,

@@ -4,6 +4,8 @@ When the newest task of a key fails, the superseding side bisects the pushes it 
 the first failing one, the culprit (:mod:`coalescer.bisection`). The enforcer records its
 findings itself; a worker reports its own here:
 
+* ``GET /v1/bisections?key=`` — a key's findings, newest first, a page at a time
+  (:func:`list_bisections`);
 * ``POST /v1/bisections`` — one finding (the shape in :mod:`coalescer.store.bisections`,
   without ``tasks``, which the store adds), authenticated as ``POST /v1/events`` is, checked
   strictly (:data:`FINDING`, every taskId and the key), recorded and counted
@@ -15,7 +17,9 @@ findings itself; a worker reports its own here:
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,7 +29,8 @@ from starlette.responses import Response
 
 from coalescer import keyset, model
 from coalescer.errors import InvalidInput
-from coalescer.observe import bisection_recorded
+from coalescer.logs import Throttled
+from coalescer.observe import FINDINGS_LIMITED, bisection_recorded
 from coalescer.store import Store, bisections
 from coalescer.store import keyset as stored
 from coalescer.web.ingest import check_token, json_body
@@ -43,6 +48,8 @@ MAX_RUN_ID = 1000
 MAX_ATTEMPT = 64
 MAX_BY = 200
 MAX_BODY_BYTES = 64 * 1024
+#: One line when findings are refused at the limit, then one every 10 s with the count.
+_LIMITED_LOG = Throttled(logging.getLogger(__name__))
 #: A task's role in a finding, the most telling first: a task that is both the culprit and a
 #: run of the search is the culprit.
 ROLES = ("primary", "culprit", "lastGood", "ran", "stoodFor")
@@ -210,7 +217,54 @@ def check(doc: Any) -> dict[str, Any]:
                 model.parse_time_ms(at)
             except InvalidInput as exc:
                 raise InvalidInput(f"{where}: {exc}") from None
+    _consistent(doc)
     return dict(doc)
+
+
+#: How far ahead of the service's clock a finding's times may be (clocks drift), and the
+#: earliest they may be: a date far ahead would stay the newest of its key for good.
+MAX_AHEAD_MS = 24 * 3600 * 1000
+EARLIEST = "2000-01-01T00:00:00.000Z"
+
+
+def _consistent(doc: Mapping[str, Any], now_ms: int | None = None) -> None:
+    """:class:`InvalidInput` unless ``doc``'s parts agree: whole numbers that are integers in
+    the JSON (``1``, not ``1.0``), the primary's run and the culprit's among the runs, the
+    culprit a run that failed, and times neither before :data:`EARLIEST` nor more than
+    :data:`MAX_AHEAD_MS` after ``now_ms`` (the service's clock)."""
+    numbers = [("held", doc["held"]), ("extraRuns", doc["extraRuns"])]
+    numbers += [(f"{where}/runId", ref["runId"]) for where, ref in _refs_in(doc)]
+    numbers += [(f"runs/{i}/attempt", r["attempt"]) for i, r in enumerate(doc["runs"])]
+    for where, value in numbers:
+        if type(value) is not int:
+            raise InvalidInput(f"{where}: must be an integer, not {value!r}")
+    ran = {(r["taskId"], r["runId"]): r for r in doc["runs"]}
+    primary = (doc["primary"]["taskId"], doc["primary"]["runId"])
+    if primary not in ran:
+        raise InvalidInput("primary: not among the runs (they include the primary's first)")
+    culprit = doc["culprit"]
+    if culprit is not None:
+        runs = [
+            r
+            for r in doc["runs"]
+            if (r["taskId"], r["runId"]) == (culprit["taskId"], culprit["runId"])
+        ]
+        if not runs:
+            raise InvalidInput("culprit: not among the runs of the search")
+        if all(r["passed"] for r in runs):
+            raise InvalidInput("culprit: every run of it passed")
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    earliest = model.parse_time_ms(EARLIEST)
+    for where, at in [("located", doc["located"])] + [
+        (f"runs/{i}/ended", r["ended"]) for i, r in enumerate(doc["runs"])
+    ]:
+        if at is None:
+            continue
+        ms = model.parse_time_ms(at)
+        if ms > now + MAX_AHEAD_MS:
+            raise InvalidInput(f"{where}: {at} is more than a day ahead of the service's clock")
+        if ms < earliest:
+            raise InvalidInput(f"{where}: {at} is before {EARLIEST}")
 
 
 def _refs_in(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -233,10 +287,66 @@ async def post_bisection(request: Request) -> Response:
         return doc
     finding = check(doc)
     store: Store = request.app.state.store
+    limit = request.app.state.settings.max_findings
+    if not await bisections.room(store, finding, limit=limit, now_ms=int(time.time() * 1000)):
+        FINDINGS_LIMITED.inc()
+        _LIMITED_LOG.log(
+            logging.WARNING,
+            "bisection finding refused: COALESCER_MAX_FINDINGS=%d findings are kept (each "
+            "for 30 days)",
+            limit,
+        )
+        return JSON(
+            {
+                "error": f"not recorded: the service keeps COALESCER_MAX_FINDINGS={limit} "
+                "bisection findings, each for 30 days, and holds that many",
+                "new": False,
+            },
+            507,
+        )
     new = await bisections.record(store, finding, model.parse_time_ms(finding["located"]))
     if new:
         bisection_recorded(finding, "http")
     return JSON({"finding": {**finding, "tasks": bisections.named_tasks(finding)}, "new": new})
+
+
+#: Findings per page of ``GET /v1/bisections``: by default, and at most.
+PAGE = 20
+MAX_PAGE = 200
+#: A page's ``continuationToken``: ``<located ms>.<primary taskId>`` of its last finding.
+TOKEN_PATTERN = r"^[0-9]{1,15}\.[A-Za-z0-9_-]{22}$"
+_TOKEN = re.compile(r"([0-9]{1,15})\.([A-Za-z0-9_-]{22})")
+
+
+def _cursor(token: str | None) -> bisections.Cursor | None:
+    if token is None or token == "":
+        return None
+    match = _TOKEN.fullmatch(token)
+    if match is None:
+        raise InvalidInput(
+            "query parameter 'continuationToken' must be one a previous page answered"
+        )
+    return int(match[1]), match[2]
+
+
+async def list_bisections(request: Request) -> Response:
+    """``GET /v1/bisections?key=K[&limit=N][&continuationToken=T]``: the key's findings,
+    newest first, a page at a time (no token needed: the key pages show them too)."""
+    params = request.query_params
+    key = model.check_key(params.get("key", ""))
+    raw_limit = params.get("limit", "")
+    if raw_limit == "":
+        limit = PAGE
+    elif raw_limit.isascii() and raw_limit.isdigit() and 1 <= int(raw_limit[:6]) <= MAX_PAGE:
+        limit = int(raw_limit)
+    else:
+        raise InvalidInput(f"query parameter 'limit' must be a whole number from 1 to {MAX_PAGE}")
+    after = _cursor(params.get("continuationToken"))
+    found, more = await bisections.page(request.app.state.store, key, limit=limit, after=after)
+    body: dict[str, Any] = {"key": key, "findings": found}
+    if more is not None:
+        body["continuationToken"] = f"{more[0]}.{more[1]}"
+    return JSON(body)
 
 
 def role(finding: Mapping[str, Any], task_id: str) -> str | None:

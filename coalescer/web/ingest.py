@@ -27,7 +27,7 @@ from coalescer.errors import (
 )
 from coalescer.ingest.events import Message, to_event
 from coalescer.model import TaskEvent
-from coalescer.observe import STORE_ERRORS
+from coalescer.observe import store_failed
 from coalescer.store.census import Limits
 from coalescer.web.responses import JSON, error
 
@@ -70,7 +70,7 @@ def _unavailable(
     """503, saying per message what was applied before the store stopped taking writes, so a
     client can retry exactly (retrying the whole request is also right: what was applied then
     answers ``stale``)."""
-    STORE_ERRORS.labels(exc.reason).inc()
+    store_failed(exc)
     outcomes = exc.outcomes or [None] * len(events)
     for i, event, outcome in zip(slots, events, outcomes, strict=True):
         results[i] = (

@@ -236,6 +236,47 @@ def document() -> dict[str, Any]:
                 )
             },
             "/v1/bisections": {
+                "get": _op(
+                    "A key's bisection findings, newest first (by ``located``), a page at a "
+                    "time: pass the answer's ``continuationToken`` for the next page (absent "
+                    "on the last)",
+                    {
+                        "200": _json(_ref("BisectionPage"), "A page of the key's findings"),
+                        **_errors(400, 503),
+                    },
+                    parameters=[
+                        {
+                            **_param(
+                                "key",
+                                "query",
+                                {
+                                    "type": "string",
+                                    "pattern": model.KEY_RE.pattern,
+                                    "maxLength": model.MAX_KEY_LENGTH,
+                                },
+                                "Coalescing key (dotted)",
+                            ),
+                            "required": True,
+                        },
+                        _param(
+                            "limit",
+                            "query",
+                            {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": bisections.MAX_PAGE,
+                                "default": bisections.PAGE,
+                            },
+                            "Findings per page",
+                        ),
+                        _param(
+                            "continuationToken",
+                            "query",
+                            {"type": "string", "pattern": bisections.TOKEN_PATTERN},
+                            "Where the previous page ended (its answer's ``continuationToken``)",
+                        ),
+                    ],
+                ),
                 "post": _op(
                     "Report a bisection's finding (``coalescer worker --on-primary-failure "
                     "bisect`` does, after a failed primary): the culprit, the last good task, "
@@ -243,6 +284,17 @@ def document() -> dict[str, Any]:
                     "finding again changes nothing.",
                     {
                         "200": _json(_ref("BisectionRecorded"), "The finding as recorded"),
+                        "507": _json(
+                            {
+                                "type": "object",
+                                "required": ["error", "new"],
+                                "properties": {
+                                    "error": {"type": "string"},
+                                    "new": {"const": False},
+                                },
+                            },
+                            "Not recorded: COALESCER_MAX_FINDINGS findings are kept",
+                        ),
                         **_errors(400, 401, 403, 413, 503),
                     },
                     security=[{"bearer": []}],
@@ -250,7 +302,7 @@ def document() -> dict[str, Any]:
                         "required": True,
                         "content": {"application/json": {"schema": bisections.FINDING}},
                     },
-                )
+                ),
             },
             "/v1/tasks/{taskId}": {
                 "get": _op(
@@ -388,6 +440,20 @@ def _bisection_shapes() -> dict[str, Any]:
     }
     return {
         "Bisection": named,
+        "BisectionPage": {
+            "type": "object",
+            "required": ["key", "findings"],
+            "additionalProperties": False,
+            "properties": {
+                "key": {"type": "string"},
+                "findings": {"type": "array", "items": recorded},
+                "continuationToken": {
+                    "type": "string",
+                    "pattern": bisections.TOKEN_PATTERN,
+                    "description": "where this page ended; absent on the last page",
+                },
+            },
+        },
         "BisectionRecorded": {
             "type": "object",
             "required": ["finding", "new"],

@@ -5,7 +5,9 @@ on the app, so the query path pays nothing for it. It takes the caller's ``X-Req
 it looks like an id (else makes one), echoes it in the response, and keeps it in
 :data:`coalescer.logs.REQUEST_ID` so that every line logged while handling the request carries
 it. Exceptions with a handler are turned into responses inside the route (Starlette's
-``request_response``), so the status logged is the one sent.
+``request_response``), so the status logged is the one sent. Lines of ``5xx`` answers are
+throttled (the first at once, then one every few seconds saying how many were held back):
+a burst shed or a store outage writes a few lines, not one per request.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import uuid
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from coalescer.logs import REQUEST_ID
+from coalescer.logs import REQUEST_ID, Throttled
 
 log = logging.getLogger("coalescer.web")
 
@@ -28,6 +30,8 @@ _ID_RE = re.compile(rb"^[A-Za-z0-9._:@/+=-]{1,128}$")
 #: Polled by load balancers and Prometheus: logged only at DEBUG when they succeed.
 QUIET = ("/__lbheartbeat__", "/__heartbeat__", "/__version__", "/metrics", "/v1/ping")
 SCOPE_KEY = "coalescer.request_id"
+#: The access lines of error responses, throttled per status (see :class:`Throttled`).
+_ERROR_LINES: dict[int, Throttled] = {}
 
 
 def request_id(scope: Scope) -> str:
@@ -87,7 +91,12 @@ class RequestId:
             if query := scope.get("query_string", b""):
                 extra["query"] = query.decode("latin-1")
             # Long paths and queries are clipped by the log handler (coalescer.logs.ClipLong).
-            log.log(level, "%s %s %d", scope.get("method", ""), path, status, extra=extra)
+            if status >= 500:
+                # A burst shed or an outage fails many requests alike: a line, then summaries.
+                throttled = _ERROR_LINES.setdefault(status, Throttled(log))
+                throttled.log(level, "%s %s %d", scope.get("method", ""), path, status, extra=extra)
+            else:
+                log.log(level, "%s %s %d", scope.get("method", ""), path, status, extra=extra)
             REQUEST_ID.reset(token)
 
 

@@ -9,7 +9,8 @@ key's order, where to see both, and which rule decided.
 from __future__ import annotations
 
 import dataclasses
-from urllib.parse import urlsplit, urlunsplit
+import re
+from urllib.parse import SplitResult, parse_qsl, quote, urlsplit
 
 from coalescer.model import keys_from_routes
 
@@ -83,6 +84,50 @@ def located(
     return found + "This task is older than the last good task, whose pass stands for it"
 
 
+#: Query parameters a URL keeps in a log (the thresholds and the protocol's own), and what
+#: their values may look like; any other parameter, or another value, is left out.
+_SHOWN_PARAMS = ("age", "size", "taskId")
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: What a host may look like in a log: a name, an IPv4 or a bracketed IPv6 address.
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
+
+
+def _plain_origin(parts: SplitResult) -> str:
+    """``scheme://host[:port]`` of ``parts`` as a log may show it: never a user or password,
+    and a host that is not a plain name shows as ``invalid-host``."""
+    host = parts.netloc.rpartition("@")[2]
+    name, _, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if not name or (port and not port.isdigit()):
+        name, port = host, ""
+    if not _PLAIN_HOST.fullmatch(name):
+        name, port = "invalid-host", ""
+    scheme = parts.scheme if parts.scheme in ("http", "https") else "http"
+    return f"{scheme}://{name.lower()}{':' + port if port else ''}"
+
+
+def _plain_path(path: str) -> str:
+    """``path`` percent-encoded but for letters, digits and ``/ - . _ ~ % + : @`` (what a
+    coalescing key may hold): no viewer of a log renders it as Markdown, HTML or a link of its
+    own."""
+    return quote(path, safe="/%+:@")
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may be written in a log that other people read (a superseded run's
+    ``live_backing.log``): its origin without credentials, its path escaped, and of its query
+    only the thresholds and the ``taskId`` with plain values. A ``supersederUrl`` is the task
+    author's text: copied verbatim it could put Markdown, HTML or a link into another task's
+    log, inside coalescer's own explanation."""
+    parts = urlsplit(url)
+    kept = [
+        (name, value)
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        if name in _SHOWN_PARAMS and _PLAIN_VALUE.fullmatch(value)
+    ]
+    query = "&".join(f"{name}={value}" for name, value in kept)
+    return _plain_origin(parts) + _plain_path(parts.path) + (f"?{query}" if query else "")
+
+
 def service_base(url: str, routes: list[str], prefix: str) -> str | None:
     """The superseder service's base URL, from a ``supersederUrl`` that names one of the
     task's keys (``<base>/<key path>``, ``<base>/v1/docker-worker/<key>``,
@@ -97,7 +142,7 @@ def service_base(url: str, routes: list[str], prefix: str) -> str | None:
             for compat in ("/v1/docker-worker", "/v1/list"):
                 if compat in base:
                     base = base[: base.index(compat)]
-            return urlunsplit((parts.scheme, parts.netloc, base, "", "")).rstrip("/")
+            return (_plain_origin(parts) + _plain_path(base)).rstrip("/")
     return None
 
 
@@ -129,7 +174,10 @@ def render(
             "that task's result stands for this one.",
             f"Resolved {_STATES.get(how, how)}: {reason}.",
             "Resolved this way, the run never reads as a success: look at the superseding "
-            "task's result.",
+            "task's result."
+            if how != "completed"
+            else "Resolved this way, the run reads as a success wherever only its state is "
+            "looked at, although it did not run: look at the superseding task's result.",
         ]
     )
     lines.append(f"Why: {why.rule}")

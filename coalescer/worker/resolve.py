@@ -136,7 +136,9 @@ class Superseding:
         if self.mode is SupersedeAs.COMPLETED:
             done = Resolution("completed", "--resolve-superseded-as completed")
             await put_artifact(self._http, claim, SUPERSEDED_BY, superseded_by_json(*primary))
-            await put_artifact(self._http, claim, notice.LOG, self._log(claim, primary, done, why))
+            await put_artifact(
+                self._http, claim, notice.LOG, self._log(claim, primary, done, why), notice.TEXT
+            )
             await claim.queue.reportCompleted(claim.task_id, str(claim.run_id))
             return done
         if self.mode is SupersedeAs.CANCELED:

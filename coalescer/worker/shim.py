@@ -448,7 +448,7 @@ class Shim:
     def _why(self, taskset: TaskSet, claim: Claim) -> Why:
         """Why ``claim`` is superseded, for its log: the superseder's answer and the order."""
         url = superseder_url(taskset.initial.task)
-        asked = query_url(url, taskset.initial.task_id)
+        asked = notice.shown_url(query_url(url, taskset.initial.task_id))
         primary = taskset.primary.task_id
         return Why(
             rule=f"the superseder answered {asked} with {len(taskset.listed)} tasks of the same "

@@ -81,6 +81,25 @@ def test_the_cli_adds_an_emulator_subcommand_with_its_flags() -> None:
         cli.run(negative, Settings.from_environ({}))
 
 
+def test_the_claim_timeout_is_a_flag_as_the_real_queues_task_claim_timeout() -> None:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    settings = Settings.from_environ({})
+    default = cli.options(parser.parse_args(["emulator"]), settings)
+    assert default.claim_timeout == 1200.0  # the real queue's default
+    short = cli.options(parser.parse_args(["emulator", "--claim-timeout", "60"]), settings)
+    assert short.claim_timeout == 60.0
+    # A claim made on that emulator is taken for 60 s.
+    with QueueEmulator(dataclasses.replace(TEST_OPTIONS, claim_timeout=60.0)) as em:
+        task_id = em.create_task()
+        claimed = em.queue().claimTask(task_id, "0", {"workerGroup": "g", "workerId": "w"})
+        taken = parse_time(claimed["takenUntil"]) - em.clock.now()
+        assert abs(taken.total_seconds() - 60) < 5, taken
+    for bad in ("0", "-1"):
+        with pytest.raises(ConfigError, match="--claim-timeout must be more than 0"):
+            cli.options(parser.parse_args(["emulator", "--claim-timeout", bad]), settings)
+
+
 def test_importing_the_pytest_plugin_has_no_side_effects() -> None:
     code = (
         "import sys; import coalescer.emulator.fixture as f; "

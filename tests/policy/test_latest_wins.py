@@ -168,3 +168,24 @@ async def test_events_posted_to_the_service_are_decided_on_arrival(loop: Loop) -
         lineage = (await http.get(f"/v1/tasks/{older}")).json()
     assert lineage["supersededBy"]["taskId"] == newest
     assert lineage["supersededBy"]["state"] == "decided"
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+async def test_a_victim_whose_primary_is_superseded_later_names_the_task_that_stands(
+    loop: Loop,
+) -> None:
+    """A canceled for B; only then B superseded by C: A's log and artifact name C, whose result
+    stands for A, as the service's page of A does."""
+    a = loop.create()
+    await loop.feed()
+    b = loop.create()
+    assert await loop.enforce() == 1  # A resolved for B
+    assert f"task {b} run 0 superseded it" in loop.artifact(a, 0, "public/logs/live_backing.log")
+    c = loop.create()
+    assert await loop.enforce() == 1  # B resolved for C
+    text = loop.artifact(a, 0, "public/logs/live_backing.log")
+    assert f"task {c} run 0 superseded it, and that task's result stands" in text, text
+    assert f"task {b} superseded it first, and was superseded in turn" in text, text
+    assert loop.artifact(a, 0, "public/superseded-by.json") == {"taskId": c, "runId": 0}
+    async with loop.service() as http:
+        assert (await http.get(f"/v1/tasks/{a}")).json()["finalPrimary"] == c

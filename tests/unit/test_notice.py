@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coalescer.worker.notice import Why, listed_order, ordinal, render, service_base
+from coalescer.worker.notice import Why, listed_order, ordinal, render, service_base, shown_url
 
 A, B, C = "E5SBRfo-RfOIxh0V4187Qg", "AbN5WN6USOqdbhAyPHRD2w", "KGt8egfvRaqxczIRgOScaw"
 
@@ -32,6 +32,8 @@ def test_the_order_names_both_places_in_the_list() -> None:
         ("http://svc/v1/docker-worker/build.linux", "http://svc"),
         ("http://svc/v1/list/60/5/build.linux", "http://svc"),
         ("http://svc/other/key", None),
+        ("http://user:pw@svc/build/linux?x=<b>", "http://svc"),
+        ("http://svc/(x)[y]<z>/build/linux", "http://svc/%28x%29%5By%5D%3Cz%3E"),
     ],
 )
 def test_the_service_base_comes_from_a_superseder_url_naming_the_key(
@@ -70,3 +72,29 @@ def test_a_released_run_says_it_runs_again_and_names_no_link_it_lacks() -> None:
     assert f"would have been superseded by task {C} run 0" in text
     assert "superseded it" not in text
     assert "Superseding task:" not in text and "on the superseder:" not in text
+
+
+HOSTILE = "[Download-fix](https://evil.example/fix.sh)<img/src=x/onerror=alert(1)>"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            f"http://svc:8000/k?age=60&size=5&taskId={A}",
+            f"http://svc:8000/k?age=60&size=5&taskId={A}",
+        ),
+        (f"http://svc/k?x={HOSTILE}&taskId={A}", f"http://svc/k?taskId={A}"),
+        (f"http://svc/k?age={HOSTILE}", "http://svc/k"),
+        ("http://user:pw@svc/k", "http://svc/k"),
+        ("https://svc/k/<b>[x](y)", "https://svc/k/%3Cb%3E%5Bx%5D%28y%29"),
+        ("http://ev<il>/k", "http://invalid-host/k"),
+        ("http://[::1]:8000/k#frag", "http://[::1]:8000/k"),
+        ("http://svc/a~b/c+d/e:f@g", "http://svc/a~b/c+d/e:f@g"),
+        ("http://coalescer_web:8000/k", "http://coalescer_web:8000/k"),
+    ],
+)
+def test_a_url_shown_in_a_log_keeps_no_markup_credentials_or_foreign_query(
+    url: str, shown: str
+) -> None:
+    assert shown_url(url) == shown

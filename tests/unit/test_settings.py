@@ -177,3 +177,23 @@ def test_a_bad_setting_stops_every_command_in_one_line_with_exit_2(
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(f"coalescer: {name} must be ") and err.count("\n") == 1, argv
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("https://user:pw@svc.example/", "must not hold a user or password"),
+        ("https://svc.example/a b", "must not hold spaces, control characters"),
+        ("https://svc.example/\x1b[31mred", "must not hold spaces, control characters"),
+        ("https://svc.example/<img/src=x>", "must not hold spaces, control characters"),
+        ("https://svc.example/base?x=[a](https://evil.example)", "without a query or fragment"),
+        ("https://svc.example/base#top", "without a query or fragment"),
+    ],
+)
+def test_a_public_url_that_would_put_secrets_or_markup_in_public_logs_is_refused(
+    url: str, said: str
+) -> None:
+    with pytest.raises(ConfigError, match="COALESCER_PUBLIC_URL must ") as caught:
+        Settings.from_environ({"COALESCER_PUBLIC_URL": url})
+    assert said in str(caught.value)
+    assert "pw" not in str(caught.value)

@@ -46,16 +46,16 @@ def finding(pushes: list[str], key: str = "k") -> dict[str, Any]:
         "culprit": ref(p4),
         "lastGood": ref(p3),
         "runs": [
-            {**ref(p6), "attempt": 0, "passed": False, "ended": "2030-01-01T01:00:00.000Z"},
-            {**ref(p3), "attempt": 0, "passed": False, "ended": "2030-01-01T01:10:00.000Z"},
-            {**ref(p3), "attempt": 1, "passed": True, "ended": "2030-01-01T01:20:00.000Z"},
-            {**ref(p5), "attempt": 0, "passed": False, "ended": "2030-01-01T01:30:00.000Z"},
-            {**ref(p4), "attempt": 0, "passed": False, "ended": "2030-01-01T01:40:00.000Z"},
+            {**ref(p6), "attempt": 0, "passed": False, "ended": "2026-01-01T01:00:00.000Z"},
+            {**ref(p3), "attempt": 0, "passed": False, "ended": "2026-01-01T01:10:00.000Z"},
+            {**ref(p3), "attempt": 1, "passed": True, "ended": "2026-01-01T01:20:00.000Z"},
+            {**ref(p5), "attempt": 0, "passed": False, "ended": "2026-01-01T01:30:00.000Z"},
+            {**ref(p4), "attempt": 0, "passed": False, "ended": "2026-01-01T01:40:00.000Z"},
         ],
         "intermittent": [ref(p3)],
         "standsFor": [{**ref(p1), "by": ref(p3)}, {**ref(p2), "by": ref(p3)}],
         "extraRuns": 4,
-        "located": "2030-01-01T01:41:00.000Z",
+        "located": "2026-01-01T01:41:00.000Z",
     }
 
 
@@ -112,6 +112,26 @@ def _broken(doc: dict[str, Any], change: str) -> dict[str, Any]:
         doc["culprit"]["runId"] = -1
     elif change == "passed not a boolean":
         doc["runs"][0]["passed"] = "no"
+    elif change == "culprit not among the runs":
+        doc["culprit"] = doc["standsFor"][0]["by"] | {"taskId": doc["standsFor"][0]["taskId"]}
+    elif change == "culprit that passed":
+        doc["culprit"] = {"taskId": doc["lastGood"]["taskId"], "runId": 0}
+        doc["runs"] = [
+            r for r in doc["runs"] if r["passed"] or r["taskId"] != doc["culprit"]["taskId"]
+        ]
+    elif change == "primary not among the runs":
+        doc["runs"] = doc["runs"][1:]
+    elif change == "runId 1.0":
+        doc["runs"][1]["runId"] = 1.0
+        doc["culprit"]["runId"] = 1.0
+    elif change == "held 5.0":
+        doc["held"] = 5.0
+    elif change == "located in year 9999":
+        doc["located"] = "9999-12-31T00:00:00.000Z"
+    elif change == "ended far in the future":
+        doc["runs"][3]["ended"] = "2099-01-01T00:00:00.000Z"
+    elif change == "located before 2000":
+        doc["located"] = "1970-01-01T00:00:00.000Z"
     return doc
 
 
@@ -127,6 +147,14 @@ def _broken(doc: dict[str, Any], change: str) -> dict[str, Any]:
         ("bad time", "located: not an RFC 3339 date-time"),
         ("negative runId", "culprit/runId"),
         ("passed not a boolean", "runs/0/passed"),
+        ("culprit not among the runs", "culprit: not among the runs"),
+        ("culprit that passed", "culprit: every run of it passed"),
+        ("primary not among the runs", "primary: not among the runs"),
+        ("runId 1.0", "/runId: must be an integer, not 1.0"),
+        ("held 5.0", "held: must be an integer, not 5.0"),
+        ("located in year 9999", "located: 9999-12-31T00:00:00.000Z is more than a day ahead"),
+        ("ended far in the future", "runs/3/ended: 2099-01-01T00:00:00.000Z is more than a day"),
+        ("located before 2000", "located: 1970-01-01T00:00:00.000Z is before 2000"),
     ],
 )
 async def test_a_malformed_finding_is_a_400_saying_what_is_wrong(
@@ -213,7 +241,7 @@ async def test_every_task_a_finding_names_gets_it_with_its_role(client: httpx.As
             (tasks[4], 0, False),
             (tasks[3], 0, False),
         ]
-        assert found["runs"][-1]["ended"] == "2030-01-01T01:40:00.000Z"
+        assert found["runs"][-1]["ended"] == "2026-01-01T01:40:00.000Z"
         assert body["supersededBy"] is None and body["chain"] == []
     r = await client.get(f"/v1/tasks/{other}")
     assert r.status_code == 404 and "bisection" in r.json()["error"]
@@ -269,3 +297,95 @@ async def test_the_key_page_lists_its_recent_findings(client: httpx.AsyncClient)
     section = page[page.index("Recent bisections") : page.index("Recent resolutions")]
     assert f"/tasks/{tasks[3]}?key=k" in section and f"/tasks/{tasks[5]}?key=k" in section
     assert "worker g/w1" in section
+
+
+async def test_a_flood_of_findings_stops_at_coalescer_max_findings(
+    settings: Settings, store: Store, redis_client: Any
+) -> None:
+    """3,000 findings on 3,000 new keys: the first COALESCER_MAX_FINDINGS are recorded, the
+    rest refused (507) and counted, and Redis holds no more."""
+    limit, flood = 100, 3000
+    app = create_app(dataclasses.replace(settings, max_findings=limit), store)
+    refused_before = REGISTRY.get_sample_value("coalescer_findings_limited_total") or 0.0
+    statuses: dict[int, int] = {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://x") as c:
+        first = finding(ids(6), key="flood.0")
+        for n in range(flood):
+            doc = first if n == 0 else finding(ids(6), key=f"flood.{n}")
+            r = await report(c, doc)
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            if r.status_code == 507:
+                assert "COALESCER_MAX_FINDINGS=100" in r.json()["error"], r.text
+        # A finding kept already may be reported again (a retry), at the limit too.
+        assert (await report(c, first)).status_code == 200
+    assert statuses == {200: limit, 507: flood - limit}
+    refused = REGISTRY.get_sample_value("coalescer_findings_limited_total") or 0.0
+    assert refused - refused_before == flood - limit
+    held = [k async for k in redis_client.scan_iter(match="co:{flood.*}:b")]
+    assert len(held) == limit
+
+
+# -- GET /v1/bisections -------------------------------------------------------------------------
+
+
+def _located(doc: dict[str, Any], minute: int) -> dict[str, Any]:
+    doc["located"] = f"2026-01-01T02:{minute:02d}:00.000Z"
+    return doc
+
+
+async def test_a_keys_findings_are_listed_newest_first_a_page_at_a_time(
+    client: httpx.AsyncClient,
+) -> None:
+    # Seven findings, two of them located at the same instant; one of another key.
+    docs = [_located(finding(ids(6), key="pages"), m) for m in (1, 2, 3, 3, 4, 5, 6)]
+    for doc in docs:
+        assert (await report(client, doc)).status_code == 200, doc
+    assert (await report(client, finding(ids(6), key="other"))).status_code == 200
+    newest_first = sorted(docs, key=lambda d: (d["located"], d["primary"]["taskId"]), reverse=True)
+    seen: list[str] = []
+    token: str | None = None
+    pages = 0
+    while True:
+        params = {"key": "pages", "limit": "3"} | ({"continuationToken": token} if token else {})
+        r = await client.get("/v1/bisections", params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["key"] == "pages" and len(body["findings"]) <= 3
+        seen += [f["primary"]["taskId"] for f in body["findings"]]
+        pages += 1
+        if pages == 1:
+            # A finding recorded meanwhile (newer) shifts nothing: the token is a place.
+            late = _located(finding(ids(6), key="pages"), 59)
+            assert (await report(client, late)).status_code == 200
+        token = body.get("continuationToken")
+        if token is None:
+            break
+    assert seen == [d["primary"]["taskId"] for d in newest_first]
+    assert pages == 3
+    first = (await client.get("/v1/bisections", params={"key": "pages"})).json()
+    assert first["findings"][0]["primary"] == late["primary"]
+    assert first["findings"][1] == {**newest_first[0], "tasks": first["findings"][1]["tasks"]}
+    assert "continuationToken" not in first  # 8 findings: one page at the default size
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({}, "missing coalescing key"),
+        ({"key": "a..b"}, "a..b"),
+        ({"key": "k", "limit": "0"}, "'limit' must be a whole number from 1 to 200"),
+        ({"key": "k", "limit": "201"}, "'limit'"),
+        ({"key": "k", "limit": "²"}, "'limit'"),
+        ({"key": "k", "continuationToken": "nope"}, "'continuationToken'"),
+    ],
+)
+async def test_a_bad_listing_request_is_a_400(
+    client: httpx.AsyncClient, params: dict[str, str], says: str
+) -> None:
+    r = await client.get("/v1/bisections", params=params)
+    assert r.status_code == 400 and says in r.json()["error"], r.text
+
+
+async def test_a_key_without_findings_lists_none(client: httpx.AsyncClient) -> None:
+    r = await client.get("/v1/bisections", params={"key": "nothing.here"})
+    assert r.status_code == 200 and r.json() == {"key": "nothing.here", "findings": []}

@@ -23,7 +23,7 @@ from tests.worker.test_bisect import Pushes, bisecting
 from tests.worker.test_with_service import feed, service  # noqa: F401 (a fixture)
 
 T = [f"{c}N1SbArXTPSVFNUvaOlinQ" for c in "abcdef"]
-AT = datetime(2030, 1, 1, 1, 0, tzinfo=UTC)
+AT = datetime(2026, 1, 1, 1, 0, tzinfo=UTC)
 
 
 def test_the_finding_is_sent_in_the_services_shape() -> None:
@@ -54,14 +54,14 @@ def test_the_finding_is_sent_in_the_services_shape() -> None:
                 "runId": 0,
                 "attempt": 0,
                 "passed": False,
-                "ended": "2030-01-01T01:00:00.000Z",
+                "ended": "2026-01-01T01:00:00.000Z",
             },
             {
                 "taskId": T[2],
                 "runId": 1,
                 "attempt": 0,
                 "passed": True,
-                "ended": "2030-01-01T01:10:00.123Z",
+                "ended": "2026-01-01T01:10:00.123Z",
             },
             {"taskId": T[3], "runId": 0, "attempt": 0, "passed": False, "ended": None},
         ],
@@ -71,7 +71,7 @@ def test_the_finding_is_sent_in_the_services_shape() -> None:
             {"taskId": T[1], "runId": 0, "by": {"taskId": T[2], "runId": 1}},
         ],
         "extraRuns": 2,
-        "located": "2030-01-01T01:00:00.000Z",
+        "located": "2026-01-01T01:00:00.000Z",
     }
     assert check(body) == body  # what the service accepts
 

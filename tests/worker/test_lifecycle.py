@@ -272,6 +272,14 @@ async def test_current_queue_modes(
     assert f"{queue_emulator.root_url}/tasks/{new}" in text
     assert f"1st of 2 tasks listed oldest first; {new} is 2nd" in text
     assert tasks.last_run(new)["state"] == "completed"
+    # Stored as text, whatever the mode, and saying truly whether the run reads as a success.
+    listed = queue_emulator.queue().listArtifacts(old, "0")["artifacts"]
+    types = {a["name"]: a["contentType"] for a in listed}
+    assert types["public/logs/live_backing.log"] == "text/plain; charset=utf-8"
+    assert ("never reads as a success" in text) == (superseded and state != "completed")
+    assert ("reads as a success wherever only its state is looked at" in text) == (
+        state == "completed"
+    )
 
 
 @pytest.mark.parametrize("legacy", [False])

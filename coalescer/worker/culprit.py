@@ -26,7 +26,7 @@ from typing import Any
 
 from coalescer.bisection import Bisection, expiring, stand_ins
 from coalescer.concurrency import all_ended
-from coalescer.verdicts import DEFAULT_CONFIDENCE
+from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_FLAKE, Verdict
 from coalescer.worker.claims import Claim, Clock, parse_time
 from coalescer.worker.notice import Why
 from coalescer.worker.protocol import SUPERSEDES, Outcome, Resolution, supersedes_json
@@ -57,6 +57,13 @@ class Finding:
     held: int
     culprit: Ref | None = None
     last_good: Ref | None = None
+    #: How the search ended (None: it stopped), the first failing push when it is not sure
+    #: enough to be the culprit, and the probability that the one named is broken.
+    verdict: Verdict | None = None
+    suspect: Ref | None = None
+    probability: float | None = None
+    #: The key's flake rate the search weighed failures with.
+    flake: float = DEFAULT_FLAKE
     runs: list[Attempt] = dataclasses.field(default_factory=list)
     #: Task runs whose failure a confirmation did not reproduce: treated as passed.
     intermittent: list[Ref] = dataclasses.field(default_factory=list)
@@ -109,6 +116,7 @@ class Search:
         clock: Clock,
         confirm: int,
         confidence: float = DEFAULT_CONFIDENCE,
+        flake: float = DEFAULT_FLAKE,
         longest: timedelta,
         explain: Explain,
         changed: asyncio.Event,
@@ -118,7 +126,7 @@ class Search:
         self.claims = list(claims)
         self.n = len(self.claims) - 1
         self.primary = self.claims[-1]
-        self.search = Bisection.start(self.n, confirm, clock(), confidence=confidence)
+        self.search = Bisection.start(self.n, confirm, clock(), confidence=confidence, flake=flake)
         self.outcomes: dict[int, Outcome] = {self.n: outcome}
         self.ledger = Ledger(Finding(self.n), outcome)
         self._run, self._resolver, self._clock = run, resolver, clock
@@ -252,8 +260,16 @@ class Search:
             Attempt(*_ref(self.claims[r.index]), r.attempt, r.passed, r.ended) for r in search.runs
         ]
         finding.intermittent = [_ref(self.claims[i]) for i in sorted(search.intermittent)]
-        if self.ledger.aborted is None and search.culprit is not None:
-            finding.culprit = _ref(self.claims[search.culprit])
+        finding.flake = search.flake
+        if self.ledger.aborted is not None:
+            return
+        finding.verdict = search.verdict
+        if search.culprit is not None:
+            finding.probability = round(search.probability(search.culprit), 6)
+            if search.named is None:
+                finding.suspect = _ref(self.claims[search.culprit])
+            else:
+                finding.culprit = _ref(self.claims[search.named])
             if search.last_good is not None:
                 finding.last_good = _ref(self.claims[search.last_good])
 

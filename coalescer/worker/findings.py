@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from coalescer import verdicts
 from coalescer.model import format_time_ms, keys_from_routes
+from coalescer.verdicts import DEFAULT_FLAKE
 from coalescer.worker.culprit import Finding, Ref
 from coalescer.worker.notice import service_base
 
@@ -65,8 +67,31 @@ def finding_json(
             for (task_id, run_id), stand_in in stood
         ],
         "extraRuns": finding.extra_runs,
+        # The shim runs its search one run at a time: a round each.
+        "rounds": finding.extra_runs,
         "located": _time(located),
+    } | _verdict(finding)
+
+
+def _verdict(finding: Finding) -> dict[str, Any]:
+    """The verdict's fields, for a search that ended (one that stopped has none)."""
+    if finding.verdict is None:
+        return {"flake": finding.flake}
+    return {
+        "verdict": str(finding.verdict),
+        "suspect": _ref(finding.suspect),
+        "probability": finding.probability,
+        "flake": finding.flake,
     }
+
+
+def flake_rate(answer: Any) -> float:
+    """A key's flake rate from the service's ``GET /v1/bisections?key=K`` answer (its newest
+    findings): :func:`coalescer.verdicts.flake_rate`; the prior's when the answer is not one."""
+    found = answer.get("findings") if isinstance(answer, dict) else None
+    if not isinstance(found, list):
+        return DEFAULT_FLAKE
+    return verdicts.flake_rate(f for f in found if isinstance(f, dict))
 
 
 def reported_key(url: str, routes: list[str], prefix: str) -> str | None:

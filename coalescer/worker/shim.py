@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from coalescer.verdicts import DEFAULT_FLAKE
 from coalescer.worker import findings, notice, superseder
 from coalescer.worker.allow import AmbiguousUrl, canonical_url, url_allowed
 from coalescer.worker.claims import Claim, Clock, Connection, Keeper, claim_listed, utcnow
@@ -51,6 +52,8 @@ from coalescer.worker.protocol import (
 from coalescer.worker.resolve import Resolver
 
 log = logging.getLogger("coalescer.worker")
+#: The key's newest findings its flake rate is read from, as the enforcer does.
+FLAKE_FINDINGS = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +277,7 @@ class Shim:
                     def run(claim: Claim) -> Coroutine[Any, Any, Outcome]:
                         return execute(claim, view if claim is primary else [])
 
+                    flake = await self._flake(taskset)
                     search = Search(
                         [*taskset.secondaries, primary],
                         report.outcome,
@@ -282,6 +286,7 @@ class Shim:
                         clock=self.clock,
                         confirm=self.options.bisect_confirm,
                         confidence=self.options.bisect_confidence,
+                        flake=flake,
                         longest=self.clock() - started,
                         explain=lambda claim, by, found: self._located(taskset, claim, by, found),
                         changed=changed,
@@ -355,6 +360,32 @@ class Shim:
         some secondary still held."""
         fate = secondary_fate(outcome, self.options.on_primary_failure)
         return fate == "bisect" and any(not c.done for c in taskset.secondaries)
+
+    async def _flake(self, taskset: TaskSet) -> float:
+        """The key's flake rate, from the findings the superseder service holds for it
+        (``GET /v1/bisections?key=K``, no token needed); the prior's when the service cannot
+        say (not asked under an allowed prefix, slow, or answering something else)."""
+        task = taskset.initial.task
+        routes, prefix = list(task.get("routes") or []), self.options.route_prefix
+        try:
+            url = superseder_url(task)
+            key = findings.reported_key(url, routes, prefix)
+            target = findings.report_url(url, routes, prefix)
+            if key is None or target is None:
+                return DEFAULT_FLAKE
+            target = canonical_url(target)
+            if not url_allowed(target, self.options.allow):
+                return DEFAULT_FLAKE
+            async with asyncio.timeout(self.options.timeout):
+                response = await self.http.get(
+                    target, params={"key": key, "limit": str(FLAKE_FINDINGS)}
+                )
+            rate = findings.flake_rate(response.json() if response.status_code == 200 else None)
+        except Exception as exc:  # best effort: the prior is a fine answer
+            log.info("flake rate of %r's key not read, the prior's used: %s", taskset.primary, exc)
+            return DEFAULT_FLAKE
+        log.info("bisection after %r: the key's flake rate is %.3f", taskset.primary, rate)
+        return rate
 
     async def _report(self, taskset: TaskSet, found: Finding) -> None:
         """Report a bisection's finding to the superseder service (``POST /v1/bisections``),

@@ -13,11 +13,12 @@ from coalescer import cli
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.errors import ConfigError
 from coalescer.settings import Secret, Settings
+from coalescer.verdicts import DEFAULT_FLAKE, Verdict
 from coalescer.web.bisections import check
 from coalescer.worker import Options
 from coalescer.worker import cli as worker_cli
 from coalescer.worker.culprit import Attempt, Finding
-from coalescer.worker.findings import finding_json, report_url, reported_key
+from coalescer.worker.findings import finding_json, flake_rate, report_url, reported_key
 from tests.worker.support import Tasks, claim_work, make_shim
 from tests.worker.test_bisect import Pushes, bisecting
 from tests.worker.test_with_service import feed, service  # noqa: F401 (a fixture)
@@ -71,9 +72,24 @@ def test_the_finding_is_sent_in_the_services_shape() -> None:
             {"taskId": T[1], "runId": 0, "by": {"taskId": T[2], "runId": 1}},
         ],
         "extraRuns": 2,
+        "rounds": 2,
         "located": "2026-01-01T01:00:00.000Z",
+        "flake": 0.05,  # a search that stopped: no verdict
     }
     assert check(body) == body  # what the service accepts
+    found.verdict, found.probability = Verdict.CULPRIT, 0.9996
+    body = finding_json(found, key="k", by="worker g/w", primary=(T[5], 0), located=AT, listed=T)
+    assert (body["verdict"], body["probability"], body["suspect"]) == ("culprit", 0.9996, None)
+    assert check(body) == body
+
+
+def test_the_keys_flake_rate_is_read_from_the_services_findings() -> None:
+    steady = {"runs": [{"passed": True}] * 4, "intermittent": []}
+    flaky = {"runs": [{"passed": True}] * 4, "intermittent": [{"taskId": T[0], "runId": 0}]}
+    assert flake_rate({"findings": [steady] * 5}) < DEFAULT_FLAKE
+    assert flake_rate({"findings": [flaky] * 5}) == pytest.approx(6 / 45)
+    for unusable in (None, [], {"findings": "x"}, {"error": "no"}):
+        assert flake_rate(unusable) == DEFAULT_FLAKE
 
 
 def test_the_report_goes_to_the_service_the_superseder_url_names() -> None:
@@ -128,6 +144,9 @@ async def test_the_culprit_is_found_on_the_service_after_a_bisection(
         assert found["lastGood"] == {"taskId": ids[3], "runId": 0}
         assert found["primary"] == {"taskId": ids[8], "runId": 0}
         assert found["by"] == "worker wg/w1" and found["held"] == 8 and found["extraRuns"] == 3
+        # The key had no findings: the prior's flake rate, and a failure trusted (confirm 0).
+        assert found["verdict"] == "culprit" and found["flake"] == 0.05
+        assert 0.9 < found["probability"] < 0.99
         assert [(r["taskId"], r["passed"]) for r in found["runs"]] == [
             (ids[8], False),
             (ids[3], True),
@@ -142,6 +161,8 @@ async def test_the_culprit_is_found_on_the_service_after_a_bisection(
         page = (await client.get(f"/tasks/{ids[4]}", headers={"accept": "text/html"})).text
         assert "This task is the <b>culprit</b>" in page
     assert any("reported to" in r.getMessage() for r in caplog.records)
+    # The search asked the service for the key's findings before it ran (none yet).
+    assert any("the key's flake rate is 0.050" in r.getMessage() for r in caplog.records)
     assert "s3cret" not in caplog.text
 
 

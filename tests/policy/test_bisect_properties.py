@@ -61,6 +61,8 @@ class Queue:
         self.events: list[TaskEvent] = []
         self.released: list[str] = []
         self.reruns: list[str] = []
+        #: Tasks moved to the front of the queue (each pending when raised).
+        self.raised: list[str] = []
         self.superseded_by: dict[str, tuple[str, int]] = {}
 
     def create(self, task_id: str, order: float) -> None:
@@ -140,6 +142,12 @@ class Queue:
             self._new_run(task_id)
         return Result("rerun")
 
+    async def prioritize(self, task_id: str) -> Result:
+        if self.state(task_id) != "pending":
+            raise AssertionError(f"{task_id} raised while {self.state(task_id)}")
+        self.raised.append(task_id)
+        return Result("raised")
+
 
 async def search(
     n: int,
@@ -149,17 +157,19 @@ async def search(
     exact_runs: bool = True,
     confirm: int = 0,
     flaky: frozenset[int] = frozenset(),
+    parallel: int = 1,
 ) -> None:
     """``n`` victims held for a primary; pushes ``culprit`` (``n``: the primary alone; ``n + 1``:
     none, the primary's failure is intermittent) and on fail; the first run of each push in
-    ``flaky`` (good ones) fails too."""
+    ``flaky`` (good ones) fails too. ``parallel``: the search's runs at once (each round's
+    released victims run together, in a shuffled order of their results)."""
     key = f"bisect.{uuid.uuid4().hex[:12]}"
     policy = rule(
         key,
         strategy="latest-wins",
         on_primary_failure="bisect",
         bisect_confirm=confirm,
-        bisect_parallel=1,  # the bound below is for one run at a time
+        bisect_parallel=parallel,
     )
     queue = Queue(key)
     victims = [f"V{i:02d}{uuid.uuid4().hex[:18]}" for i in range(n)]
@@ -202,7 +212,9 @@ async def search(
         assert all(queue.state(t) == "held" for t in victims)
         queue.run(primary, passes=False)
         await settle()
-        await check(store, queue, key, victims, primary, culprit, record, exact_runs, confirm)
+        await check(
+            store, queue, key, victims, primary, culprit, record, exact_runs, confirm, parallel
+        )
         if confirm:
             await check_intermittent(store, queue, key, victims, primary, culprit, flaky)
     finally:
@@ -219,15 +231,23 @@ async def check(
     record: bool = True,
     exact_runs: bool = True,
     confirm: int = 0,
+    parallel: int = 1,
 ) -> None:
     n = len(victims)
     ran = queue.released
-    assert len(ran) == len(set(ran)) <= math.ceil(math.log2(n + 1))
+    # Each round splits what is left into parallel + 1 parts.
+    rounds = math.ceil(math.log(n + 1, parallel + 1) - 1e-9)
+    assert len(ran) == len(set(ran)) <= parallel * rounds
     # Every run beyond the primary's first: probes and confirmations.
     made = sum(state in ("completed", "failed") for runs in queue.runs.values() for state in runs)
-    assert made - 1 <= max_runs(n, confirm)
+    if parallel == 1:
+        assert made - 1 <= max_runs(n, confirm)
+    assert made - 1 <= confirm + (1 + confirm) * len(ran)
     if not confirm:
         assert queue.reruns == []
+    # Every run the search asked for went to the front of the queue (a rerun is asked for, and
+    # raised, again until the index hears of it: harmless, the queue changes nothing twice).
+    assert set(queue.raised) == {*ran, *queue.reruns}
     if record:  # hypothesis's statistics
         event(f"victims released to run: {len(ran)}")
         event(f"runs beyond the primary's first: {made - 1}")
@@ -350,3 +370,19 @@ def test_a_stand_in_is_named_with_the_run_that_passed() -> None:
     # Three victims, failing from V02 on: V01 passes, V02 fails; V00, held for V01, is stood
     # for by V01's run 1.
     asyncio.run(search(3, 2, record=False, exact_runs=True))
+
+
+@st.composite
+def parallel_searches(draw: st.DrawFn) -> tuple[int, int, int]:
+    n, culprit = draw(searches())
+    return n, culprit, draw(st.integers(2, 4))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=parallel_searches())
+def test_several_runs_at_once_name_the_same_push_in_fewer_rounds(
+    case: tuple[int, int, int],
+) -> None:
+    n, culprit, parallel = case
+    event(f"runs at once: {parallel}")
+    asyncio.run(search(n, culprit, parallel=parallel))

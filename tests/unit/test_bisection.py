@@ -281,3 +281,34 @@ def test_with_several_slots_the_primarys_confirmation_runs_beside_the_first_prob
     # pushes left: the other point is handed out, not a new middle.
     assert found.probes(running={8, 2}) == [Probe(5, 0)]
     assert found.probes(running={8, 2, 5}) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 40),
+    data=st.data(),
+    parallel=st.integers(1, 5),
+    confirm=st.integers(0, 2),
+)
+def test_results_in_any_order_name_the_first_failing_push(
+    n: int, data: st.DataObject, parallel: int, confirm: int
+) -> None:
+    """Runs handed out a few at a time, their results coming back in any order, new runs
+    handed out between two results: the search still names the first failing push, after
+    the push before it, and never has more than ``parallel`` runs out at once."""
+    first_bad = data.draw(st.integers(0, n), label="first_bad")
+    found = Bisection.start(n, confirm, T0, parallel=parallel)
+    running: dict[int, int] = {}  # push -> attempt
+    for _ in range(1000):
+        for probe in found.probes(running):
+            assert probe.index not in running
+            running[probe.index] = probe.attempt
+        assert len(running) <= parallel
+        if not running:
+            break
+        index = data.draw(st.sampled_from(sorted(running)), label="result of")
+        del running[index]
+        found.record(index, index < first_bad)
+    assert found.done and not running
+    assert found.named == first_bad
+    assert found.last_good == (first_bad - 1 if first_bad else None)

@@ -98,10 +98,12 @@ BY_ENFORCER = {
     "b0": "ran",
     "t0": "ran",
     "m0": "superseded by m1",
-    "b1": "superseded by b2",
+    # The enforcer names the end of the chain in the earlier victims' superseded-by.json once
+    # their primary is superseded in turn (b2 by b3, b3 by b4).
+    "b1": "superseded by b4",
     "t1": "never scheduled",
     "m1": "superseded by m2",
-    "b2": "superseded by b3",
+    "b2": "superseded by b4",
     "t2": "never scheduled",
     "m2": "superseded by m3",
     "b3": "superseded by b4",

@@ -9,6 +9,9 @@ first failing push is it or older; if it passes, newer. :class:`Bisection` keeps
 * :meth:`Bisection.next` says what to run (:class:`Probe`: a push and its attempt), and
   :meth:`Bisection.record` takes the result. Once ``bad - good == 1`` among the pushes still
   in the search, ``bad`` is the culprit and ``good`` the last good push.
+* With ``parallel`` above 1, :meth:`Bisection.probes` hands out that many runs at once: the
+  pushes left are split into ``parallel + 1`` equal parts (an n-ary search), the primary's
+  confirmation beside the first of them; results may come back in any order.
 * A failure is confirmed by reruns before the search narrows on it, as many as it takes for the
   push to be broken with probability ``confidence`` given the key's ``flake`` rate
   (:mod:`coalescer.verdicts`), and at most ``confirm``: a rerun that passes makes the push
@@ -20,10 +23,11 @@ first failing push is it or older; if it passes, newer. :class:`Bisection` keeps
 * :meth:`Bisection.drop` takes a push out of the search that gave no verdict (its claim was
   lost, its deadline came, it ended in an exception): it runs itself, stood for by nobody.
 
-Bound on the runs beyond the primary's first: each push the search probes is the middle of the
-pushes left, so at most ``ceil(log2(n + 1))`` pushes are probed; each costs one run if it
+Bound on the runs beyond the primary's first, one run at a time: each push the search probes
+is the middle of the pushes left, so at most ``ceil(log2(n + 1))`` pushes are probed; each costs one run if it
 passes, and at most ``1 + confirm`` otherwise; the primary's confirmations cost at most
-``confirm`` (:func:`max_runs`).
+``confirm`` (:func:`max_runs`). With ``parallel`` p: at most ``ceil(log(n + 1, p + 1))``
+rounds of at most p pushes each.
 
 What stands for a victim that did not run (:func:`stand_ins`): older than the last good, the
 last good push (its pass stands for the older ones); newer than the culprit, the culprit (its
@@ -103,7 +107,7 @@ class Bisection:
     unsure: set[int] = dataclasses.field(default_factory=set)
     #: Failed pushes believed without their confirmation (:meth:`trust`).
     trusted: set[int] = dataclasses.field(default_factory=set)
-    #: The push being run and the failures it has had so far, awaiting a confirmation.
+    #: Failed pushes awaiting a confirmation, with their failures in a row so far.
     _failures: dict[int, int] = dataclasses.field(default_factory=dict, init=False)
 
     @classmethod

@@ -16,6 +16,7 @@ from coalescer.bisection import max_runs
 from coalescer.emulator.clock import format_time
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.policy.actions import Result
+from coalescer.policy.enforcer import Enforcer
 from coalescer.policy.rules import Policy
 from coalescer.store import Store, bisections
 from coalescer.store import lineage as records
@@ -70,6 +71,25 @@ async def work(loop: Loop, victims: list[str], culprit: int, consumer: str = "e1
             ran.append(task_id)
             how = "failed" if victims.index(task_id) >= culprit else "completed"
             loop.resolve(loop.claim(task_id), how)
+    raise AssertionError("the search did not end")
+
+
+async def drive(
+    loop: Loop, enforcer: Enforcer, pushes: list[str], fails: Callable[[str], bool]
+) -> None:
+    """Round after round of ``enforcer``, each pending push then run as a worker would (failing
+    when ``fails``), until none is pending."""
+    for _ in range(20):
+        for _ in range(200):
+            await loop.feed()
+            if not await enforcer.round():
+                await loop.feed()
+                break
+        pending = [t for t in pushes if loop.last_run(t)["state"] == "pending"]
+        if not pending:
+            return
+        for task_id in pending:
+            loop.resolve(loop.claim(task_id), "failed" if fails(task_id) else "completed")
     raise AssertionError("the search did not end")
 
 
@@ -330,18 +350,7 @@ async def test_without_the_rerun_scope_failures_are_trusted_and_said_once(
             raise TaskclusterAuthFailure("missing scope queue:rerun-task", status_code=403)
 
         enforcer.actions.queue.rerunTask = no_scope  # type: ignore[attr-defined]
-        for _ in range(20):
-            for _ in range(200):
-                await loop.feed()
-                if not await enforcer.round():
-                    await loop.feed()
-                    break
-            pending = [t for t in victims if loop.last_run(t)["state"] == "pending"]
-            if not pending:
-                break
-            for task_id in pending:
-                how = "failed" if victims.index(task_id) >= 5 else "completed"
-                loop.resolve(loop.claim(task_id), how)
+        await drive(loop, enforcer, victims, lambda task_id: victims.index(task_id) >= 5)
     # Each failure was trusted as it stood: the primary's, then push 5's (3 and 4 passed).
     assert refused == [primary, victims[5]]
     assert len(loop.status(primary)["runs"]) == 1
@@ -422,18 +431,8 @@ async def test_without_change_task_priority_probes_wait_in_line_and_it_is_said_o
             raise TaskclusterRestFailure("Not Found", superExc=None, status_code=404)
 
         enforcer.actions.queue.changeTaskPriority = no_method  # type: ignore[attr-defined]
-        for _ in range(20):
-            for _ in range(200):
-                await loop.feed()
-                if not await enforcer.round():
-                    await loop.feed()
-                    break
-            pending = [t for t in [*victims, primary] if loop.last_run(t)["state"] == "pending"]
-            if not pending:
-                break
-            for task_id in pending:
-                how = "failed" if task_id == primary or victims.index(task_id) >= 5 else "completed"
-                loop.resolve(loop.claim(task_id), how)
+        pushes = [*victims, primary]
+        await drive(loop, enforcer, pushes, lambda task_id: pushes.index(task_id) >= 5)
     [finding] = await bisections.for_task(loop.store, ["k"], primary)
     assert finding["culprit"] == {"taskId": victims[5], "runId": 2}
     assert finding["verdict"] == "culprit" and finding["probability"] > 0.99

@@ -177,6 +177,8 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     workers, default = parse_workers(args.workers)
     history = _history(args, settings, workers, default)
     _unchecked(history)
+    for note in history.notes:
+        print(f"coalescer replay: {note}", file=sys.stderr)
     started = time.monotonic()
     outcomes = asyncio.run(_run(history, configs, args.redis_url, settings))
     seconds = time.monotonic() - started

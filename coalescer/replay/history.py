@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from coalescer.errors import InvalidInput
+from coalescer.replay import capacity
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,6 +64,8 @@ class TaskSpec:
     cascaded_ms: int = 0
     real_runs: tuple[tuple[int, int], ...] = ()
     broken: bool = False
+    #: The task group it belongs to, when recorded.
+    group: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,12 +84,12 @@ class Recorded:
 
     def to_json(self) -> dict[str, float | int]:
         return {
-            "workerHours": round(self.worker_ms / 3_600_000, 3),
+            "workerHours": self.worker_ms / 3_600_000,
             "run": self.run,
             "superseded": self.superseded,
             "cascaded": self.cascaded,
             "canceled": self.canceled,
-            "makespanHours": round(self.makespan_ms / 3_600_000, 3),
+            "makespanHours": self.makespan_ms / 3_600_000,
         }
 
 
@@ -130,6 +133,8 @@ class History:
     #: Broken tasks that fail only some runs (a flaky regression): the probability that a run
     #: fails, by taskId; any other broken task fails every run.
     broken_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: What the replay chose for the history that a person should know (said on stderr).
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def build(
@@ -145,7 +150,9 @@ class History:
         broken_rates: Mapping[str, float] | None = None,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
-        where given, else the recorded peak concurrency, else ``default_workers``."""
+        where given, else the recorded peak concurrency, else ``default_workers``, else the
+        workers of the queue its task group used most (:func:`~coalescer.replay.capacity.
+        borrowed`), with a note."""
         ordered = tuple(sorted(tasks, key=lambda t: (t.scheduled_ms, t.task_id)))
         if not ordered:
             raise InvalidInput("the history holds no task")
@@ -156,13 +163,30 @@ class History:
         pool: dict[str, int] = {}
         for queue in sorted({t.task_queue for t in ordered}):
             given = (workers or {}).get(queue) or peaks.get(queue) or default_workers
-            if not given:
-                raise InvalidInput(
-                    f"no worker count for task queue {queue!r}: the history shows no run "
-                    "there; give one with --workers QUEUE=N or --workers N"
-                )
-            pool[queue] = given
-        return cls(ordered, pool, source, unchecked, intermittent, flaky or {}, broken_rates or {})
+            if given:
+                pool[queue] = given
+        notes = []
+        for queue, (count, like) in capacity.borrowed(ordered, pool).items():
+            pool[queue] = count
+            notes.append(
+                f"task queue {queue!r} never ran in the history: given the {count} workers of "
+                f"{like!r}, the queue its task group used most (--workers {queue}=N to change)"
+            )
+        if unsized := sorted({t.task_queue for t in ordered} - pool.keys()):
+            raise InvalidInput(
+                f"no worker count for task queue {unsized[0]!r}: the history shows no run "
+                "there; give one with --workers QUEUE=N or --workers N"
+            )
+        return cls(
+            ordered,
+            pool,
+            source,
+            unchecked,
+            intermittent,
+            flaky or {},
+            broken_rates or {},
+            tuple(notes),
+        )
 
     def fails(self, task: TaskSpec, run: int, seed: int = 0) -> bool:
         """Whether the ``run``-th run (from 1) of ``task``'s command fails: recorded failed;

@@ -131,8 +131,8 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         del doc["ttr_s"]
-        doc["saved_share"] = round(self.saved_share, 4)
-        doc["backlog"] = [[round(h, 3), n] for h, n in self.backlog]
+        doc["saved_share"] = self.saved_share
+        doc["backlog"] = [[h, n] for h, n in self.backlog]
         doc["keys"] = [dataclasses.asdict(k) for k in self.keys]
         doc["rules"] = [dataclasses.asdict(r) for r in self.rules]
         return doc
@@ -200,8 +200,8 @@ def summarize(
     waits = [w / 1000 for w in located_at.values()]
     return Summary(
         name=name,
-        worker_hours=round(worker_hours, 3),
-        saved_hours=round((baseline_hours or worker_hours) - worker_hours, 3),
+        worker_hours=worker_hours,
+        saved_hours=(baseline_hours or worker_hours) - worker_hours,
         tasks=len(tasks),
         run=sum(1 for s in states if s in (State.COMPLETED, State.FAILED)),
         superseded=sum(1 for s in states if s in REPLACED),
@@ -215,7 +215,7 @@ def summarize(
         pending_p95_s=percentile(pending_waits, 0.95),
         ttr_p50_s=percentile(all_ttr, 0.5),
         ttr_p95_s=percentile(all_ttr, 0.95),
-        makespan_hours=round(((max(ends) if ends else start) - start) / 3_600_000, 3),
+        makespan_hours=((max(ends) if ends else start) - start) / 3_600_000,
         backlog_peak=max((n for _, n in out.backlog), default=0),
         wrong_winners=wrong,
         lost=lost,
@@ -313,8 +313,8 @@ def _per_rule(
                 superseded=sum(1 for s in states if s in REPLACED),
                 canceled=sum(1 for s in states if s == State.CANCELED),
                 never_scheduled=sum(1 for s in states if s == State.WAITING),
-                worker_hours=round(worked / 3_600_000, 3),
-                saved_hours=round((base - worked) / 3_600_000, 3),
+                worker_hours=worked / 3_600_000,
+                saved_hours=(base - worked) / 3_600_000,
                 no_own_result=len(ids) - ran,
                 ttr_p50_s=percentile(ttr, 0.5),
                 ttr_p95_s=percentile(ttr, 0.95),

@@ -29,7 +29,7 @@ class Report:
             "tasks": len(tasks),
             "keys": len({k for t in tasks for k in t.keys}),
             "workers": dict(self.history.workers),
-            "hours": round((tasks[-1].scheduled_ms - tasks[0].scheduled_ms) / 3_600_000, 3),
+            "hours": (tasks[-1].scheduled_ms - tasks[0].scheduled_ms) / 3_600_000,
             "recordedMakespanHours": _hours(self.history.recorded_makespan_ms()),
             "recorded": None if (seen := self.history.recorded()) is None else seen.to_json(),
             "uncheckedRuns": self.history.unchecked,
@@ -45,7 +45,7 @@ class Report:
 
 
 def _hours(ms: int | None) -> float | None:
-    return None if ms is None else round(ms / 3_600_000, 3)
+    return None if ms is None else ms / 3_600_000
 
 
 def duration(seconds: float | None) -> str:

@@ -157,7 +157,7 @@ def reference(
     return Reference(
         name=procedure.name,
         base=base,
-        worker_hours=round((out.worker_ms + sum(e.worker_ms for e in episodes)) / HOUR_MS, 3),
+        worker_hours=(out.worker_ms + sum(e.worker_ms for e in episodes)) / HOUR_MS,
         regressions=len(found),
         seen=len(first_failure),
         located=len(times),

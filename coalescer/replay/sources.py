@@ -88,6 +88,7 @@ def task_spec(
         superseded_by=fate.superseded_by,
         cascaded_ms=fate.cascaded_ms,
         real_runs=fate.real,
+        group=status.get("taskGroupId", ""),
     )
 
 

@@ -140,7 +140,7 @@ def test_supersede_leaves_the_older_pushes_without_a_result() -> None:
         "p8": ("failed", 20, ""),
     }
     assert (s.worker_hours, s.regressions, s.seen, s.located, s.extra_runs) == (
-        round(20 / 60, 3),
+        20 / 60,
         1,
         1,
         0,
@@ -180,7 +180,7 @@ def test_bisect_runs_a_few_pushes_and_names_the_culprit() -> None:
     }
     assert out.searches == [Search(8, 5, 4, minutes_ms(20), minutes_ms(80), 6)]
     assert (s.worker_hours, s.located, s.extra_runs, s.bisections, s.wrong_culprits) == (
-        round(80 / 60, 3),
+        80 / 60,
         1,
         6,
         1,
@@ -196,7 +196,7 @@ def test_bisect_without_confirmation_takes_three_runs_for_eight_pushes() -> None
     out, s = run(h, on_claim("bisect", 0))
     assert s.name == "on-claim always, bisect confirm 0"
     assert out.searches == [Search(8, 5, 4, minutes_ms(20), minutes_ms(50), 3)]
-    assert (s.worker_hours, s.located, s.extra_runs) == (round(50 / 60, 3), 1, 3)
+    assert (s.worker_hours, s.located, s.extra_runs) == (50 / 60, 1, 3)
     assert s.locate_p50_s == 30 * 60
     assert fates(h, out)["p7"] == ("superseded", 50, "p5")
 
@@ -400,7 +400,7 @@ def test_the_enforcer_s_bisect_locates_the_culprit_and_supersedes_the_rest() -> 
         1,
         0,
     )
-    assert s.worker_hours == round(100 / 60, 3)
+    assert s.worker_hours == 100 / 60
     assert s.locate_p50_s == 30 * 60  # from p8's failure at 70 to the culprit at 100
     assert (s.wrong_winners, s.lost) == (0, 0)
     assert not any(state == State.HELD for state in out.state)

@@ -124,3 +124,33 @@ def test_the_pool_defaults_to_the_peak_concurrency_the_history_shows() -> None:
     assert History.build(tasks, workers={"q": 8}).workers == {"q": 8, "r": 1}
     with pytest.raises(InvalidInput, match="no worker count for task queue 'z'"):
         History.build([TaskSpec("z1", "z", (), 0.0, T0, T0 + 1)])
+
+
+def test_a_queue_that_never_ran_borrows_the_pool_its_task_group_used_most() -> None:
+    def ran(task_id: str, queue: str, group: str, *spans: tuple[int, int]) -> TaskSpec:
+        real = tuple((T0 + start, T0 + end) for start, end in spans)
+        return TaskSpec(task_id, queue, (), 0.0, T0, T0 + 10**8, real_runs=real, group=group)
+
+    tasks = [
+        ran("b1", "build", "g", (0, 10)),
+        ran("b2", "build", "g", (0, 10)),
+        ran("m1", "mac", "g", (0, 10)),
+        ran("m2", "mac", "g", (0, 10)),
+        ran("m3", "mac", "g", (0, 10)),
+        ran("m4", "mac", "g", (10, 20)),
+        ran("t1", "test", "g"),  # superseded with its build: never ran
+        ran("x1", "other", "h", (0, 10)),
+        ran("x2", "other", "h", (0, 10)),
+        ran("x3", "other", "h", (0, 10)),
+        ran("x4", "other", "h", (0, 10)),
+        ran("x5", "other", "h", (0, 10)),
+    ]
+    h = History.build(tasks)
+    assert h.workers == {"build": 2, "mac": 3, "other": 5, "test": 3}
+    [note] = h.notes
+    assert "'test' never ran" in note and "the 3 workers of 'mac'" in note
+    assert History.build(tasks, workers={"test": 1}).workers["test"] == 1
+    assert History.build(tasks, workers={"test": 1}).notes == ()
+    alone = [ran("t1", "test", "lonely"), *tasks[:2]]
+    with pytest.raises(InvalidInput, match="no worker count for task queue 'test'"):
+        History.build(alone)

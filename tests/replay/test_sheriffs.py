@@ -87,7 +87,7 @@ def test_linear_backfill_runs_a_5_push_gap_and_4_retriggers_in_one_round() -> No
     # the hour before) and takes the longest run, 10 min.
     assert (e.started_ms, e.ended_ms) == (T0 + 21 * MIN, T0 + 36 * MIN)
     assert r.locate_p50_s == 15 * 60
-    assert r.worker_hours == round((2 + 9) * 10 / 60, 3) and r.extra_runs == 9
+    assert r.worker_hours == (2 + 9) * 10 / 60 and r.extra_runs == 9
 
 
 def test_mozci_retriggers_5_times_then_backfills_the_gap_in_a_second_round() -> None:
@@ -223,7 +223,7 @@ def test_a_test_backfilled_where_its_build_never_ran_waits_for_the_build() -> No
     assert e.runs == 3 + 3 + 4 and e.rounds == 1  # 3 builds, then 3 tests; 4 retriggers
     # t/4 failed at 19 min; the builds wait 5 and take 30 (to 54), the tests 5 and 10.
     assert e.ended_ms - e.started_ms == (5 + 30 + 5 + 10) * MIN
-    assert r.worker_hours == round((4 * 10 + 3 * 30 + 7 * 10) / 60, 3)
+    assert r.worker_hours == (4 * 10 + 3 * 30 + 7 * 10) / 60
 
 
 def test_a_test_whose_backfilled_build_fails_gets_no_result() -> None:

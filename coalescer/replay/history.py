@@ -206,6 +206,12 @@ class History:
         flake = self.flaky.get(task.keys[0], 0.0) if task.keys else 0.0
         return bool(flake) and random.Random(at + "/flaky").random() < flake
 
+    @property
+    def is_recorded(self) -> bool:
+        """Whether the history was recorded (it has runs), not drawn: it does not mark which
+        pushes broke their key (:attr:`TaskSpec.broken`), only what each run did."""
+        return self.recorded_makespan_ms() is not None
+
     def recorded_makespan_ms(self) -> int | None:
         """From the first schedule to the last recorded resolution, if runs were recorded."""
         ends = [

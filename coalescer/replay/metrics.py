@@ -108,8 +108,12 @@ class Summary:
     #: fixed before anything of theirs ran).
     seen: int = 0
     #: Culprits named by a bisection, with a last good push below them, where no regression
-    #: began (an intermittent failure trusted).
+    #: began (an intermittent failure trusted). On a recorded history, which marks no
+    #: regression, none: see :attr:`culprits_unknown`.
     wrong_culprits: int = 0
+    #: On a recorded history, the named culprits it cannot tell right: right is a culprit
+    #: recorded failed whose previous push in its key was recorded passing.
+    culprits_unknown: int = 0
     #: Bisections run after failed primaries.
     bisections: int = 0
     #: Runs beyond one per primary: bisections' runs, released secondaries' runs.
@@ -198,6 +202,8 @@ def summarize(
     located_at = located(found, out)
     starts = {c for c, _, _ in found}
     waits = [w / 1000 for w in located_at.values()]
+    named = [s.culprit for s in out.searches if s.culprit >= 0 and s.last_good >= 0]
+    told = told_right(history, named) if history.is_recorded else set(named)
     return Summary(
         name=name,
         worker_hours=worker_hours,
@@ -225,11 +231,8 @@ def summarize(
         regressions=len(found),
         located=len(located_at),
         seen=sum(1 for _, _, broken in found if any(out.failed_ms[j] >= 0 for j in broken)),
-        wrong_culprits=sum(
-            1
-            for s in out.searches
-            if s.culprit >= 0 and s.last_good >= 0 and s.culprit not in starts
-        ),
+        wrong_culprits=0 if history.is_recorded else sum(1 for c in named if c not in starts),
+        culprits_unknown=sum(1 for c in named if c not in told),
         bisections=len(out.searches),
         extra_runs=out.extra_runs,
         rounds_most=max((s.runs if s.rounds < 0 else s.rounds for s in out.searches), default=0),
@@ -262,6 +265,29 @@ def regressions(history: History) -> list[Regression]:
             else:
                 n += 1
     return found
+
+
+def told_right(history: History, named: Sequence[int]) -> set[int]:
+    """The culprits of ``named`` a recorded history shows right: recorded failed, with the
+    push before them in their key (a task's first) recorded passing. Of the others it cannot
+    tell: the push before was superseded, or failed too, or the culprit never ran."""
+    tasks = history.tasks
+    before: dict[int, int] = {}
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(tasks):
+        if t.keys:
+            members[t.keys[0]].append(i)
+    for ids in members.values():
+        ids.sort(key=lambda i: (tasks[i].order, tasks[i].task_id))
+        before.update(zip(ids[1:], ids, strict=False))
+    return {
+        c
+        for c in named
+        if tasks[c].outcome == "failed"
+        and c in before
+        and tasks[before[c]].outcome == "completed"
+        and tasks[before[c]].resolved_ms > 0
+    }
 
 
 def located(found: Sequence[Regression], out: Outcome) -> dict[int, int]:

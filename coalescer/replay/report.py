@@ -81,6 +81,9 @@ ROWS: tuple[tuple[str, Any], ...] = (
 )
 
 
+#: The row of culprits a recorded history cannot tell right or wrong (shown for those only).
+UNKNOWN = "culprits unknown"
+
 #: Rows after failed primaries, shown when the history has regressions or intermittent
 #: failures, or a configuration spent extra runs.
 FAILURE_ROWS: tuple[tuple[str, Any], ...] = (
@@ -88,6 +91,7 @@ FAILURE_ROWS: tuple[tuple[str, Any], ...] = (
     ("  seen failing", lambda s: f"{s.seen:,}"),
     ("  located to their push", lambda s: f"{s.located:,}"),
     ("culprits named wrongly", lambda s: f"{s.wrong_culprits:,}"),
+    (UNKNOWN, lambda s: f"{s.culprits_unknown:,}"),
     ("bisections", lambda s: f"{s.bisections:,}"),
     ("extra runs", lambda s: f"{s.extra_runs:,}"),
     ("rounds, most in one search", lambda s: f"{s.rounds_most:,}"),
@@ -119,7 +123,8 @@ def rows(report: Report) -> tuple[tuple[str, Any], ...]:
     """The table's rows for this report: :data:`ROWS`, then :data:`FAILURE_ROWS` when the
     history can fail (regressions, intermittent failures) or a configuration spent runs."""
     if can_fail(report.history) or any(s.extra_runs or s.regressions for s in report.summaries):
-        return ROWS + FAILURE_ROWS
+        recorded = report.history.is_recorded
+        return ROWS + tuple(r for r in FAILURE_ROWS if recorded or r[0] != UNKNOWN)
     return ROWS
 
 

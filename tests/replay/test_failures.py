@@ -17,7 +17,7 @@ import pytest
 from coalescer.errors import ConfigError, InvalidInput
 from coalescer.policy import PrimaryFailure, rules
 from coalescer.replay import report
-from coalescer.replay.history import History
+from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.metrics import Summary, regressions, summarize
 from coalescer.replay.pool import Outcome, Pool, Search, State
 from coalescer.replay.runner import Config, replay
@@ -211,6 +211,41 @@ def test_a_culprit_where_no_regression_began_is_counted_wrong() -> None:
     assert fates(h, out)["p1"] == ("superseded", 60, "p7")
 
 
+def recorded(t: TaskSpec, *, ran: bool = True, failed: bool = False) -> TaskSpec:
+    """``t`` as a recorded history has it: its run (if it ran) and its result."""
+    end = t.scheduled_ms + (t.duration_ms or 0)
+    return dataclasses.replace(
+        t,
+        outcome="failed" if failed else "completed",
+        started_ms=t.scheduled_ms if ran else 0,
+        resolved_ms=end if ran else 0,
+        real_runs=((t.scheduled_ms, end),) if ran else (),
+    )
+
+
+def test_on_a_recorded_history_a_culprit_after_a_passing_push_is_right() -> None:
+    # Recorded: p4 passed, p5 to p8 failed. The search names p5, p4 the last good: right.
+    tasks = [recorded(t, failed=n >= 5) for n, t in enumerate(PUSHES)]
+    h = history(*tasks)
+    assert h.is_recorded
+    out, s = run(h, on_claim("bisect"))
+    assert [(f.culprit, f.last_good) for f in out.searches] == [(5, 4)]
+    assert (s.wrong_culprits, s.culprits_unknown) == (0, 0)
+
+
+def test_on_a_recorded_history_a_culprit_it_cannot_tell_is_unknown_not_wrong() -> None:
+    # p4 never ran in the recording (superseded): whether p5 began the failure is unknown.
+    tasks = [recorded(t, failed=n >= 5, ran=n != 4) for n, t in enumerate(PUSHES)]
+    h = history(*tasks)
+    out, s = run(h, on_claim("bisect"))
+    assert [(f.culprit, f.last_good) for f in out.searches] == [(5, 4)]
+    assert (s.wrong_culprits, s.culprits_unknown) == (0, 1)
+    labels = [label for label, _ in report.table_rows(report.Report(h, (s,), 0.0))]
+    assert labels.index("culprits unknown") == labels.index("culprits named wrongly") + 1
+    synthetic = report.table_rows(report.Report(broken_from(5), (s,), 0.0))
+    assert "culprits unknown" not in [label for label, _ in synthetic]
+
+
 def test_a_failed_primary_alone_is_not_searched() -> None:
     h = history(dataclasses.replace(PUSHES[0], broken=True))
     out, s = run(h, on_claim("bisect"))
@@ -279,7 +314,7 @@ FAILING = [
 ]
 MODES = ["off", *(f"on-claim always, {m}" for m in ("supersede", "release", "bisect"))]
 REFERENCES = ["linear backfill", "mozci's rule"]
-FAILURE_LABELS = [label for label, _ in report.FAILURE_ROWS]
+FAILURE_LABELS = [label for label, _ in report.FAILURE_ROWS if label != report.UNKNOWN]
 
 
 def replay_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -61,6 +61,8 @@ class Result:
     cascaded: tuple[str, ...] = ()
     #: How a superseded victim's run was ended, and why (lineage).
     resolution: Resolution | None = None
+    #: A ``missed`` victim's worker, ``workerGroup/workerId``: it claimed the victim first.
+    winner: str = ""
 
 
 class QueueActions(Protocol):
@@ -164,9 +166,7 @@ class Actions:
         got = await self._claim(entry.victim)
         if not isinstance(got, Claim):
             if got is not None and got["state"] == "running":
-                return (
-                    await self.cancel(entry, got) if entry.supersede_running else Result("missed")
-                )
+                return await self.cancel(entry, got) if entry.supersede_running else missed(got)
             if got is None or not self._resolved_by_us(got):
                 return Result("gone")
             if got["state"] == "exception" and got.get("reasonResolved") in _LINKED_AFTER:
@@ -209,9 +209,7 @@ class Actions:
         got = await self._claim(entry.victim)
         if not isinstance(got, Claim):
             if got is not None and got["state"] == "running":
-                return (
-                    await self.cancel(entry, got) if entry.supersede_running else Result("missed")
-                )
+                return await self.cancel(entry, got) if entry.supersede_running else missed(got)
             return Result("gone")
         return Result("held", due_ms=_ms(got.reclaim_at), definition=definition_json(got.task))
 
@@ -423,6 +421,11 @@ class Actions:
             response.raise_for_status()
         except (TaskclusterFailure, httpx.HTTPError) as exc:
             log.warning("no %s on %s/%d: %s", SUPERSEDED_BY, entry.victim, run_id, exc)
+
+
+def missed(run: Mapping[str, Any]) -> Result:
+    """A victim a worker claimed before the enforcer could: it runs (no supersede-running)."""
+    return Result("missed", winner=f"{run.get('workerGroup')}/{run.get('workerId')}")
 
 
 def _ms(when: datetime) -> int:

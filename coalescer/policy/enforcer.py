@@ -268,6 +268,14 @@ class Enforcer:
             await self.actions.release(entry)
         if changed:
             ACTIONS.labels(entry.rule, result.state).inc()
+            if result.state == "missed":  # once: a repeat of the entry finds it settled
+                log.info(
+                    "%s missed: worker %s claimed it before it could be superseded by %s (rule %s)",
+                    entry.victim,
+                    result.winner or "unknown",
+                    entry.primary,
+                    entry.rule,
+                )
             if saved:
                 SAVED.labels(entry.rule).inc(saved / 1000)
             if result.state in ("superseded", "canceled"):

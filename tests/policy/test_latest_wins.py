@@ -3,6 +3,7 @@ once; the enforcer claims and resolves them with ``public/superseded-by.json``."
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -32,6 +33,23 @@ async def test_a_newer_task_supersedes_the_older_pending_ones(loop: Loop) -> Non
             "runId": 0,
         }
     assert loop.last_run(newest)["state"] == "pending"
+
+
+async def test_a_victim_a_worker_claimed_first_is_logged_once_with_that_worker(
+    loop: Loop, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "coalescer.policy")
+    older = loop.create()
+    newest = loop.create()
+    await loop.feed()  # decided: older superseded by newest
+    loop.claim(older)  # but a worker claims it before the enforcer acts
+    assert await loop.enforce() == 1
+    assert await loop.enforce() == 0
+    lines = [r.getMessage() for r in caplog.records if "missed" in r.getMessage()]
+    assert lines == [
+        f"{older} missed: worker wg/w1 claimed it before it could be superseded by {newest} (rule rule-1)"
+    ]
+    assert loop.last_run(older)["state"] == "running"
 
 
 async def test_a_chain_of_replacements_ends_at_the_final_primary(loop: Loop) -> None:

@@ -135,6 +135,9 @@ class History:
     broken_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
     #: What the replay chose for the history that a person should know (said on stderr).
     notes: tuple[str, ...] = ()
+    #: How long after its last dependency completes a dependent becomes pending: the queue's
+    #: dependency resolver, as the history shows it (0 for a synthetic history).
+    resolver_lag_ms: int = 0
 
     @classmethod
     def build(
@@ -148,6 +151,7 @@ class History:
         intermittent: float = 0.0,
         flaky: Mapping[str, float] | None = None,
         broken_rates: Mapping[str, float] | None = None,
+        resolver_lag_ms: int = 0,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
         where given, else the recorded peak concurrency, else ``default_workers``, else the
@@ -186,6 +190,7 @@ class History:
             flaky or {},
             broken_rates or {},
             tuple(notes),
+            resolver_lag_ms,
         )
 
     def fails(self, task: TaskSpec, run: int, seed: int = 0) -> bool:

@@ -1,6 +1,7 @@
 """The pool model: a history's tasks meet a modelled worker pool, on the history's clock.
 
-Tasks become pending at their scheduled times (a dependent once every dependency completed).
+Tasks become pending at their scheduled times (a dependent once every dependency completed,
+after the history's resolver lag).
 Each task queue has N workers; an idle worker claims the highest-priority, then
 longest-pending task, as the queue's ``claimWork`` does, and workers idle at the same instant
 all get their tasks before any of them asks the index. A run takes the task's recorded
@@ -497,8 +498,9 @@ class Pool:
         if state == State.COMPLETED:
             for d in self.dependents.get(i, ()):
                 self.blocked[d] -= 1
-                if not self.blocked[d]:
-                    self._at(max(now, self.tasks[d].scheduled_ms), _ARRIVE, d)
+                if not self.blocked[d]:  # pending once the queue's resolver gets to it
+                    at = now + self.history.resolver_lag_ms
+                    self._at(max(at, self.tasks[d].scheduled_ms), _ARRIVE, d)
 
     def _finish(self, now: int, primary: int, run: int) -> None:
         if primary not in self.running or self.out.runs[primary] != run:

@@ -33,6 +33,7 @@ class Report:
             "recordedMakespanHours": _hours(self.history.recorded_makespan_ms()),
             "recorded": None if (seen := self.history.recorded()) is None else seen.to_json(),
             "uncheckedRuns": self.history.unchecked,
+            "resolverLagSeconds": self.history.resolver_lag_ms / 1000,
         }
 
     def to_json(self) -> dict[str, Any]:

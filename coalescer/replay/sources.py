@@ -28,6 +28,7 @@ from coalescer.ingest.events import EXCHANGE_PREFIX, Message, exchange_state, st
 from coalescer.model import keys_from_routes, parse_time_ms
 from coalescer.replay import runs
 from coalescer.replay.history import History, TaskSpec, priority_rank
+from coalescer.replay.lags import resolver_lag_ms
 from coalescer.replay.links import Evidence, LinkError
 
 
@@ -104,9 +105,10 @@ class _Read:
 
 def _specs(
     read: Sequence[_Read], *, prefix: str, rank_tag: str | None, evidence: Evidence
-) -> tuple[list[TaskSpec], int]:
+) -> tuple[list[TaskSpec], dict[str, Any]]:
     """The tasks, each with what its runs say once the links of the runs that may have been
-    superseded are read; and how many such runs no link could be read for."""
+    superseded are read; and what the history observed besides, as :meth:`History.build`'s
+    arguments: how many such runs no link could be read for, the queue's resolver lag."""
     recorded = [
         runs.Recorded(
             r.status,
@@ -141,7 +143,8 @@ def _specs(
             raise SourceError(f"task {r.status.get('taskId')}: {exc}") from exc
         if spec is not None:
             specs.append(spec)
-    return specs, unchecked
+    pending = {t.task_id: parse_time_ms(t.runs[0]["scheduled"]) for t in recorded if t.runs}
+    return specs, {"unchecked": unchecked, "resolver_lag_ms": resolver_lag_ms(specs, pending)}
 
 
 #: What ``--events`` reads, for the error that says it.
@@ -216,7 +219,7 @@ def from_events(
             raise SourceError(f"a {name} message fails its schema: " + "; ".join(problems))
         tags = (message.payload.get("task") or {}).get("tags")
         read.append(_Read(message.payload["status"], message.routes, tags, None))
-    tasks, unchecked = _specs(
+    tasks, observed = _specs(
         read, prefix=prefix, rank_tag=rank_tag, evidence=evidence or Evidence()
     )
     if not tasks:
@@ -226,7 +229,7 @@ def from_events(
         workers=workers,
         default_workers=default_workers,
         source=source,
-        unchecked=unchecked,
+        **observed,
     )
 
 
@@ -260,7 +263,7 @@ def from_task_groups(
                 break
             query = {"continuationToken": page["continuationToken"]}
     evidence = dataclasses.replace(evidence or Evidence(), queue=queue)
-    tasks, unchecked = _specs(read, prefix=prefix, rank_tag=rank_tag, evidence=evidence)
+    tasks, observed = _specs(read, prefix=prefix, rank_tag=rank_tag, evidence=evidence)
     if not tasks:
         raise SourceError(f"task groups {', '.join(ids)} hold no task")
     return History.build(
@@ -268,5 +271,5 @@ def from_task_groups(
         workers=workers,
         default_workers=default_workers,
         source="task groups " + ", ".join(ids),
-        unchecked=unchecked,
+        **observed,
     )

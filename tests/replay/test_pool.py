@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from coalescer.errors import InvalidInput
 from coalescer.replay.history import Durations, History, TaskSpec, peak_concurrency
+from coalescer.replay.lags import resolver_lag_ms
 from coalescer.replay.pool import Outcome, Pool, State
 from tests.replay.support import MIN, T0, history, minutes, task
 
@@ -154,3 +156,36 @@ def test_a_queue_that_never_ran_borrows_the_pool_its_task_group_used_most() -> N
     alone = [ran("t1", "test", "lonely"), *tasks[:2]]
     with pytest.raises(InvalidInput, match="no worker count for task queue 'test'"):
         History.build(alone)
+
+
+def test_a_dependent_becomes_pending_the_resolver_lag_after_its_dependency() -> None:
+    h = history(task("build", 0, 30), task("test", 0, 10, after=("build",)))
+    out = run(dataclasses.replace(h, resolver_lag_ms=3_000))
+    assert out.pending_ms[1] - out.resolved_ms[0] == 3_000
+    assert out.resolved_ms[1] == T0 + 40 * MIN + 3_000
+    assert run(h).pending_ms[1] == out.resolved_ms[0]  # a synthetic history: at once
+
+
+def test_the_resolver_lag_is_the_median_gap_the_history_shows() -> None:
+    def done(task_id: str, at_s: float, *, outcome: str = "completed") -> TaskSpec:
+        end = T0 + int(at_s * 1000)
+        return TaskSpec(task_id, "q", (), 0.0, T0, T0 + 10**8, outcome=outcome, resolved_ms=end)
+
+    def waiting(task_id: str, *after: str) -> TaskSpec:
+        return TaskSpec(task_id, "q", (), 0.0, T0, T0 + 10**8, dependencies=after)
+
+    tasks = [
+        done("b1", 10),
+        done("b2", 20),
+        done("b3", 30),
+        done("lint", 35),
+        done("bad", 40, outcome="failed"),
+        waiting("t1", "b1"),  # pending 1 s after b1
+        waiting("t2", "b2"),  # 4 s after b2
+        waiting("t3", "b3", "lint"),  # 2 s after lint, the last of its two
+        waiting("t4", "bad"),  # its dependency failed: never pending, shows nothing
+        waiting("t5", "elsewhere"),  # a dependency outside the history
+    ]
+    pending = {"t1": T0 + 11_000, "t2": T0 + 24_000, "t3": T0 + 37_000, "t5": T0}
+    assert resolver_lag_ms(tasks, pending) == 2_000
+    assert resolver_lag_ms(tasks[:5], {}) == 0

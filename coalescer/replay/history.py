@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from coalescer.errors import InvalidInput
 from coalescer.replay import capacity
+from coalescer.replay.capacity import Curve
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -138,6 +139,13 @@ class History:
     #: How long after its last dependency completes a dependent becomes pending: the queue's
     #: dependency resolver, as the history shows it (0 for a synthetic history).
     resolver_lag_ms: int = 0
+    #: The task queues whose workers follow the history's (:func:`~coalescer.replay.capacity.
+    #: curves`): their workers over time; :attr:`workers` holds their peak.
+    curves: Mapping[str, Curve] = dataclasses.field(default_factory=dict)
+    #: How each task queue's workers were found: ``given`` (``--workers QUEUE=N``, or by the
+    #: synthetic history), ``history`` (its curve), ``peak``, ``default`` (``--workers N``)
+    #: or ``borrowed`` (from the queue its task group used most).
+    sized: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(
@@ -152,9 +160,11 @@ class History:
         flaky: Mapping[str, float] | None = None,
         broken_rates: Mapping[str, float] | None = None,
         resolver_lag_ms: int = 0,
+        curves: Mapping[str, Curve] | None = None,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
-        where given, else the recorded peak concurrency, else ``default_workers``, else the
+        where given, else its ``curves`` (the workers seen over time), else the recorded peak
+        concurrency, else ``default_workers``, else the
         workers of the queue its task group used most (:func:`~coalescer.replay.capacity.
         borrowed`), with a note."""
         ordered = tuple(sorted(tasks, key=lambda t: (t.scheduled_ms, t.task_id)))
@@ -165,13 +175,24 @@ class History:
             raise InvalidInput("the history lists a taskId twice")
         peaks = peak_concurrency(ordered)
         pool: dict[str, int] = {}
+        sized: dict[str, str] = {}
+        follow: dict[str, Curve] = {}
         for queue in sorted({t.task_queue for t in ordered}):
-            given = (workers or {}).get(queue) or peaks.get(queue) or default_workers
-            if given:
-                pool[queue] = given
+            curve = (curves or {}).get(queue, ())
+            for how, given in (
+                ("given", (workers or {}).get(queue)),
+                ("history", capacity.peak(curve)),
+                ("peak", peaks.get(queue)),
+                ("default", default_workers),
+            ):
+                if given:
+                    pool[queue], sized[queue] = given, how
+                    break
+            if sized.get(queue) == "history":
+                follow[queue] = curve
         notes = []
         for queue, (count, like) in capacity.borrowed(ordered, pool).items():
-            pool[queue] = count
+            pool[queue], sized[queue] = count, "borrowed"
             notes.append(
                 f"task queue {queue!r} never ran in the history: given the {count} workers of "
                 f"{like!r}, the queue its task group used most (--workers {queue}=N to change)"
@@ -191,6 +212,8 @@ class History:
             broken_rates or {},
             tuple(notes),
             resolver_lag_ms,
+            follow,
+            sized,
         )
 
     def fails(self, task: TaskSpec, run: int, seed: int = 0) -> bool:

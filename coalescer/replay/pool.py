@@ -156,7 +156,8 @@ class Outcome:
 # Event kinds, in the order they are handled at one instant: runs end (freeing workers and
 # scheduling dependents), then tasks arrive, then the history's cancellations; then decisions
 # on arrival are carried out (and the decisions those lead to), and idle workers claim.
-_FINISH, _PROBE, _ARRIVE, _WITHDRAW = 0, 1, 2, 3
+# Workers come and go last (one whose last run ends now is free by then).
+_FINISH, _PROBE, _ARRIVE, _WITHDRAW, _WORKERS = 0, 1, 2, 3, 4
 
 
 @dataclasses.dataclass(slots=True)
@@ -211,7 +212,12 @@ class Pool:
                 if (j := self.pos.get(dep)) is not None:  # one outside the history is done
                     self.dependents[j].append(i)
                     self.blocked[i] += 1
-        self.idle = dict(history.workers)
+        #: Idle workers; with a curve (:attr:`History.curves`), the workers there, and those
+        #: that left in the history and leave here once idle (the last one stays).
+        curves = history.curves
+        self.idle = {q: 0 if q in curves else n for q, n in history.workers.items()}
+        self.present = dict(self.idle)
+        self.leaving = dict.fromkeys(self.idle, 0)
         self.queues: dict[str, list[tuple[int, int, int, int, int]]] = {q: [] for q in self.idle}
         self.events: list[tuple[int, int, int, object]] = []
         self.seq = 0
@@ -235,6 +241,11 @@ class Pool:
                 self._at(t.scheduled_ms, _ARRIVE, i)
             if t.canceled_ms:
                 self._at(t.canceled_ms, _WITHDRAW, i)
+        for queue, curve in self.history.curves.items():
+            level = 0
+            for at, workers in curve:
+                self._at(at, _WORKERS, (queue, workers - level))
+                level = workers
         events = self.events
         while events:
             now = events[0][0]
@@ -246,16 +257,42 @@ class Pool:
                     self._probed(now, *arg)  # type: ignore[misc]
                 elif kind == _WITHDRAW:
                     self._withdraw(now, arg)  # type: ignore[arg-type]
+                elif kind == _WORKERS:
+                    self._workers(*arg)  # type: ignore[misc]
                 elif self.out.state[arg] == State.WAITING:  # type: ignore[call-overload]
                     self._pending(now, arg)  # type: ignore[arg-type]
             if self.index is not None:
                 await self.index.enforce(self, now)
             await self._dispatch(now)
+            self._leave_idle()
             self._sample(now)
         self.progress(sum(1 for s in self.out.state if s not in RESOLVED))  # never resolved
         return self.out
 
     # -- the pieces ---------------------------------------------------------------------
+    def _free(self, queue: str) -> None:
+        """A worker of ``queue`` ends its run: it is idle."""
+        self.idle[queue] += 1
+
+    def _workers(self, queue: str, change: int) -> None:
+        """Workers come (they are idle) or leave, as the history's curve says."""
+        if change > 0:
+            self.idle[queue] += change
+            self.present[queue] += change
+        else:
+            self.leaving[queue] -= change
+
+    def _leave_idle(self) -> None:
+        """Workers that left in the history leave once idle with nothing to claim (they left
+        because nothing was pending for them), the last one of a queue excepted: a replay may
+        have work where the history had none."""
+        for queue, count in self.leaving.items():
+            if count and self.idle[queue]:
+                gone = min(count, self.idle[queue], self.present[queue] - 1)
+                self.idle[queue] -= gone
+                self.present[queue] -= gone
+                self.leaving[queue] -= gone
+
     def _at(self, when: int, kind: int, arg: object) -> None:
         self.seq += 1
         heapq.heappush(self.events, (when, kind, self.seq, arg))
@@ -363,7 +400,7 @@ class Pool:
         if i in self.running:
             finish, secondaries = self.running.pop(i)
             task = self.tasks[i]
-            self.idle[task.task_queue] += 1
+            self._free(task.task_queue)
             self.out.worker_ms -= finish - now
             self.out.worked_ms[i] -= finish - now
             for j in secondaries:
@@ -511,7 +548,7 @@ class Pool:
         if failed and held and self.on_failure is PrimaryFailure.BISECT:
             self._bisect(now, primary, held)
             return
-        self.idle[self.tasks[primary].task_queue] += 1
+        self._free(self.tasks[primary].task_queue)
         self._result(primary, failed, now)
         for j in held:
             del self.secondary_of[j]
@@ -600,7 +637,7 @@ class Pool:
                 self.after_failure.add(j)
                 self._rerun(j, now)
         del self.searches[primary]
-        self.idle[self.tasks[primary].task_queue] += 1
+        self._free(self.tasks[primary].task_queue)
         culprit, good = search.culprit, search.last_good
         self.out.searches.append(
             Search(

@@ -29,6 +29,17 @@ class Report:
             "tasks": len(tasks),
             "keys": len({k for t in tasks for k in t.keys}),
             "workers": dict(self.history.workers),
+            "pools": {
+                queue: {
+                    "workers": n,
+                    "sizedBy": self.history.sized.get(queue, "given"),
+                    "curve": [
+                        [(at - tasks[0].scheduled_ms) / 3_600_000, level]
+                        for at, level in self.history.curves.get(queue, ())
+                    ],
+                }
+                for queue, n in self.history.workers.items()
+            },
             "hours": (tasks[-1].scheduled_ms - tasks[0].scheduled_ms) / 3_600_000,
             "recordedMakespanHours": _hours(self.history.recorded_makespan_ms()),
             "recorded": None if (seen := self.history.recorded()) is None else seen.to_json(),
@@ -172,6 +183,31 @@ def recorded(history: History) -> str | None:
     return line + f", makespan {duration(seen.makespan_ms / 1000)}"
 
 
+#: How a task queue's workers were found, for the pools line (:func:`pools`).
+SIZED_BY = {
+    "given": "{n} (--workers)",
+    "history": "{span} over time, as the history's workers came and went",
+    "peak": "{n}, the peak of its recorded runs",
+    "default": "{n} (--workers N)",
+    "borrowed": "{n}, borrowed (it never ran)",
+}
+
+
+def pools(history: History) -> str | None:
+    """Which workers each task queue of a recorded history was replayed with."""
+    if not history.is_recorded:
+        return None
+    found = []
+    for queue, n in sorted(history.workers.items()):
+        curve = history.curves.get(queue, ())
+        low = min((level for _, level in curve if level), default=n)
+        span = f"{low}-{n}" if low < n else str(n)
+        found.append(
+            f"{queue} " + SIZED_BY[history.sized.get(queue, "given")].format(n=n, span=span)
+        )
+    return "workers: " + "; ".join(found)
+
+
 def table(report: Report) -> str:
     """Configurations side by side (then what really happened, for a recorded history), then
     each key's push-to-result p50/p95 and pushes without a result of their own."""
@@ -182,6 +218,8 @@ def table(report: Report) -> str:
     if (line := references_line(report)) is not None:
         text += "\n" + line
     if (line := recorded(report.history)) is not None:
+        text += "\n" + line
+    if (line := pools(report.history)) is not None:
         text += "\n" + line
     key_rows = [["key: p50/p95 (no own result)", *names]]
     for n, key in enumerate(report.summaries[0].keys):

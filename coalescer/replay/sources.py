@@ -26,7 +26,7 @@ from coalescer.errors import CoalescerError, InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.ingest.events import EXCHANGE_PREFIX, Message, exchange_state, status_event
 from coalescer.model import keys_from_routes, parse_time_ms
-from coalescer.replay import runs
+from coalescer.replay import capacity, runs
 from coalescer.replay.history import History, TaskSpec, priority_rank
 from coalescer.replay.lags import resolver_lag_ms
 from coalescer.replay.links import Evidence, LinkError
@@ -144,7 +144,28 @@ def _specs(
         if spec is not None:
             specs.append(spec)
     pending = {t.task_id: parse_time_ms(t.runs[0]["scheduled"]) for t in recorded if t.runs}
-    return specs, {"unchecked": unchecked, "resolver_lag_ms": resolver_lag_ms(specs, pending)}
+    observed = {
+        "unchecked": unchecked,
+        "resolver_lag_ms": resolver_lag_ms(specs, pending),
+        "curves": capacity.curves(_claimed(read, evidence)),
+    }
+    return specs, observed
+
+
+def _claimed(
+    read: Sequence[_Read], evidence: Evidence
+) -> Iterator[tuple[str, str, int, int | None]]:
+    """Every run a worker of the pool claimed (not the enforcer): its task queue, its worker,
+    when it started and when it resolved (``None``: not yet)."""
+    for r in read:
+        status = r.status
+        queue = status.get("taskQueueId") or f"{status['provisionerId']}/{status['workerType']}"
+        for run in status.get("runs") or ():
+            worker = (run.get("workerGroup"), run.get("workerId"))
+            if "started" not in run or None in worker or worker in evidence.identities:
+                continue
+            resolved = parse_time_ms(run["resolved"]) if "resolved" in run else None
+            yield queue, "/".join(map(str, worker)), parse_time_ms(run["started"]), resolved
 
 
 #: What ``--events`` reads, for the error that says it.

@@ -39,7 +39,7 @@ def message(kind: str, task: dict[str, Any], run: dict[str, Any]) -> dict[str, A
     }
     payload: dict[str, Any] = {"version": 1, "status": status, "runId": 0, "task": {"tags": {}}}
     if kind != "pending":
-        payload.update(workerGroup="wg", workerId="w1")
+        payload.update(workerGroup="wg", workerId=run["workerId"])
     if kind == "running":
         payload["takenUntil"] = run["takenUntil"]
     return {
@@ -79,7 +79,8 @@ def record(count: int, workers: int, seed: int = 1) -> tuple[list[bytes], int]:
         end = max(end, resolved)
         run = {"runId": 0, "reasonCreated": "scheduled", "scheduled": iso(t["scheduled"])}
         lines.append(orjson.dumps(message("pending", t, {**run, "state": "pending"})))
-        claimed = {**run, "workerGroup": "wg", "workerId": "w1", "takenUntil": iso(resolved)}
+        worker = f"{t['queue'].split('/')[1]}-{w}"
+        claimed = {**run, "workerGroup": "wg", "workerId": worker, "takenUntil": iso(resolved)}
         lines.append(
             orjson.dumps(
                 message("running", t, {**claimed, "state": "running", "started": iso(started)})

@@ -79,7 +79,11 @@ def test_a_task_group_read_from_the_queue(
     out = asyncio.run(Pool(history, None).run())
     b2 = history.tasks.index(build2)
     assert out.state[b2] == State.WITHDRAWN and out.resolved_ms[b2] == build2.canceled_ms
-    build1_done = build1.scheduled_ms + build1.duration_ms
+    # The one worker came at its first claim, build1's, a minute after build1 was created:
+    # the replay's worker too, so build1 runs when it really ran.
+    assert history.curves == {QUEUE_ID: ((build1.started_ms, 1), (test1.resolved_ms, 0))}
+    assert out.left_ms[history.tasks.index(build1)] == build1.started_ms
+    build1_done = build1.resolved_ms
     assert out.worker_ms == build1.duration_ms + (build2.canceled_ms - build1_done) + (
         test1.duration_ms
     )

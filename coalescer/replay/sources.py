@@ -66,7 +66,7 @@ def task_spec(
     if fate is None:
         fate = runs.fate(recorded, {}, (), set())
     started, resolved, outcome = fate.worked or (0, 0, "completed")
-    queue = status.get("taskQueueId") or f"{status['provisionerId']}/{status['workerType']}"
+    queue = task_queue(status)
     definition = definition or {}
     dependencies = tuple(d for d in definition.get("dependencies", ()) if d != status["taskId"])
     if fate.after and fate.after not in dependencies:  # known from the lineage's cascade only
@@ -91,6 +91,11 @@ def task_spec(
         real_runs=fate.real,
         group=status.get("taskGroupId", ""),
     )
+
+
+def task_queue(status: Mapping[str, Any]) -> str:
+    """A status's task queue (``provisionerId/workerType`` on an old queue)."""
+    return str(status.get("taskQueueId") or f"{status['provisionerId']}/{status['workerType']}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +163,8 @@ def _claimed(
     """Every run a worker of the pool claimed (not the enforcer): its task queue, its worker,
     when it started and when it resolved (``None``: not yet)."""
     for r in read:
-        status = r.status
-        queue = status.get("taskQueueId") or f"{status['provisionerId']}/{status['workerType']}"
-        for run in status.get("runs") or ():
+        queue = task_queue(r.status)
+        for run in r.status.get("runs") or ():
             worker = (run.get("workerGroup"), run.get("workerId"))
             if "started" not in run or None in worker or worker in evidence.identities:
                 continue

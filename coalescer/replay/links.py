@@ -53,6 +53,30 @@ class Evidence:
                 found |= _read(left, lambda ref: _lineage(http, str(self.service), ref))
         return found
 
+    def findings(self, keys: Collection[str]) -> list[dict[str, Any]]:
+        """Every finding the service holds for ``keys`` (``GET /v1/bisections?key=``, page
+        by page); none without a service."""
+        if self.service is None:
+            return []
+        found: list[dict[str, Any]] = []
+        url = f"{self.service.rstrip('/')}/v1/bisections"
+        with httpx.Client(timeout=self.timeout, follow_redirects=True) as http:
+            for key in sorted(keys):
+                query = {"key": key}
+                while True:
+                    try:
+                        response = http.get(url, params=query)
+                    except httpx.HTTPError as exc:
+                        raise LinkError(f"cannot ask {url}: {exc}") from exc
+                    if response.is_error:
+                        raise LinkError(f"cannot ask {url}?key={key}: HTTP {response.status_code}")
+                    page = orjson.loads(response.content)
+                    found += page.get("findings") or []
+                    if not page.get("continuationToken"):
+                        break
+                    query = {"key": key, "continuationToken": page["continuationToken"]}
+        return found
+
     @property
     def reads_links(self) -> bool:
         return self.queue is not None or self.service is not None

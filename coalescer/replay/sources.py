@@ -26,7 +26,7 @@ from coalescer.errors import CoalescerError, InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.ingest.events import EXCHANGE_PREFIX, Message, exchange_state, status_event
 from coalescer.model import keys_from_routes, parse_time_ms
-from coalescer.replay import capacity, runs
+from coalescer.replay import capacity, probes, runs
 from coalescer.replay.history import History, TaskSpec, priority_rank
 from coalescer.replay.lags import resolver_lag_ms
 from coalescer.replay.links import Evidence, LinkError
@@ -148,6 +148,10 @@ def _specs(
             raise SourceError(f"task {r.status.get('taskId')}: {exc}") from exc
         if spec is not None:
             specs.append(spec)
+    try:  # the worker shims' searches: each run's own work, not its claim's span
+        specs = probes.apply(specs, evidence.findings({k for t in recorded for k in t.keys}))
+    except LinkError as exc:
+        raise SourceError(str(exc)) from exc
     pending = {t.task_id: parse_time_ms(t.runs[0]["scheduled"]) for t in recorded if t.runs}
     observed = {
         "unchecked": unchecked,

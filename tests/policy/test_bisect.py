@@ -391,7 +391,7 @@ def priority(loop: Loop, task_id: str) -> str:
 
 
 async def test_probes_jump_the_queue_and_reruns_keep_their_place(
-    queue_emulator: QueueEmulator, store: Store
+    queue_emulator: QueueEmulator, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     loop = confirming(queue_emulator, store)
     victims, primary = await held_then_failed(loop, n=4)
@@ -410,6 +410,8 @@ async def test_probes_jump_the_queue_and_reruns_keep_their_place(
     assert {priority(loop, t) for t in victims if t != probe} == {"lowest"}
     changed = [m for m in loop.em.published if m["exchange"].endswith("task-priority-changed")]
     assert [m["payload"]["status"]["taskId"] for m in changed] == [probe]
+    said = [r for r in caplog.records if "will not raise the priority" in r.getMessage()]
+    assert len(said) == 1 and primary in said[0].getMessage()
 
 
 async def test_without_change_task_priority_probes_wait_in_line_and_it_is_said_once(

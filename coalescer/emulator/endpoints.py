@@ -127,7 +127,9 @@ async def cancel_task_group(call: Call) -> Any:
 
 async def change_task_group_priority(call: Call) -> Any:
     group_id, priority = call.params["taskGroupId"], call.body["newPriority"]
-    return call.apply(lambda now: groups.change_task_group_priority(call.state, group_id, priority))
+    return call.apply(
+        lambda now: groups.change_task_group_priority(call.state, group_id, priority, now)
+    )
 
 
 async def create_task(call: Call) -> Any:
@@ -148,7 +150,9 @@ async def rerun_task(call: Call) -> Any:
 
 async def change_task_priority(call: Call) -> Any:
     priority = call.body["newPriority"]
-    return call.apply(lambda now: groups.change_task_priority(call.state, call.task_id, priority))
+    return call.apply(
+        lambda now: groups.change_task_priority(call.state, call.task_id, priority, now)
+    )
 
 
 async def pending_tasks(call: Call) -> Any:

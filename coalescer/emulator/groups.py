@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from coalescer.emulator import messages as msg
+from coalescer.emulator.clock import format_time
 from coalescer.emulator.collation import sort_key
 from coalescer.emulator.model import QueueError, Task
 from coalescer.emulator.state import Outcome, QueueState
@@ -67,36 +68,51 @@ def cancel_task_group(state: QueueState, task_group_id: str, now: datetime) -> O
     return body, out
 
 
-def change_task_priority(state: QueueState, task_id: str, priority: str) -> Outcome:
-    """changeTaskPriority: a new priority for an unresolved task, for its pending run's place in
-    claimWork and for any run it gets later (a running run is unaffected until retried).
+def change_task_priority(state: QueueState, task_id: str, priority: str, now: datetime) -> Outcome:
+    """changeTaskPriority: a new priority for a task the queue has never resolved, for its
+    pending run's place in claimWork and for any run it gets later (a running run is unaffected
+    until retried).
 
-    Undocumented, and chosen as the real queue most plausibly behaves: a resolved task answers
-    409; the same priority again changes nothing and publishes nothing. The task's definition
-    (``queue.task``) shows the new priority, so a createTask retry with the old one conflicts.
+    As release 106's queue answers (measured on it): past its deadline, 409 saying so; then 409
+    "already resolved" when the task is marked ever-resolved (by the dependency resolver, some
+    seconds after any resolution: a task rerun since, pending again, stays refused; one resolved
+    but not yet handled is still changed) or already has that priority (the same wording: the
+    queue refuses whatever it did not update). Else the definition (``queue.task``) shows the
+    new priority, so a createTask retry with the old one conflicts, and ``task-priority-changed``
+    is published.
     """
     task = state.task(task_id)
-    if task.resolved:
+    if task.deadline <= now:
         raise QueueError(
             "RequestConflict",
-            f"Task `{task_id}` is resolved: only an unresolved task's priority can change.",
+            f"Task `{task_id}` can't be reprioritized past its deadline of "
+            f"{format_time(task.deadline)}.",
             taskId=task_id,
+            deadline=format_time(task.deadline),
         )
     old = task.priority
-    if old == priority:
-        return {"status": task.status()}, []
+    if task.ever_resolved or old == priority:
+        raise QueueError(
+            "RequestConflict",
+            f"Task `{task_id}` is already resolved and cannot be reprioritized.",
+            taskId=task_id,
+        )
     task.definition["priority"] = priority
     return {"status": task.status()}, [msg.task_priority_changed(task, old)]
 
 
-def change_task_group_priority(state: QueueState, task_group_id: str, priority: str) -> Outcome:
-    """changeTaskGroupPriority: :func:`change_task_priority` for every unresolved task of the
-    group whose priority differs (``tasksAffected``: "tasks where priority was changed"), then
-    one ``task-group-priority-changed`` summary, even when no task changed; no per-task
-    messages."""
+def change_task_group_priority(
+    state: QueueState, task_group_id: str, priority: str, now: datetime
+) -> Outcome:
+    """changeTaskGroupPriority: :func:`change_task_priority` for every task of the group it
+    would change (never ever-resolved, before its deadline, of another priority:
+    ``tasksAffected``, "tasks where priority was changed"), then one
+    ``task-group-priority-changed`` summary, even when no task changed; no per-task messages."""
     group = state.groups.get(task_group_id)
     changed = [
-        t for t in members(state, task_group_id) if not t.resolved and t.priority != priority
+        t
+        for t in members(state, task_group_id)
+        if not t.ever_resolved and now < t.deadline and t.priority != priority
     ]
     for task in changed:
         task.definition["priority"] = priority

@@ -119,6 +119,8 @@ class Actions:
         )
         self.clock = clock
         self.fraction = reclaim_fraction
+        #: Whether the queue's refusal to raise a task it resolved before was said (once).
+        self.kept_said = False
 
     # -- looking ----------------------------------------------------------------------------
     def _ours(self, run: Mapping[str, Any]) -> bool:
@@ -265,7 +267,9 @@ class Actions:
         wait behind the backlog): ``raised`` (or already so), ``refused`` when the queue or the
         credentials do not offer it (401, 403: the scope
         ``queue:change-task-priority:<taskId>``; 404: a queue without the method), ``gone``
-        when the task is resolved already (409)."""
+        when the task is resolved, ``kept`` when the queue will not change a task it resolved
+        before, rerun since (release 106: 409 once its dependency resolver has handled the
+        resolution; said once in the log)."""
         try:
             await self.queue.changeTaskPriority(task_id, {"newPriority": PROBE_PRIORITY})
         except TaskclusterFailure as exc:
@@ -273,8 +277,30 @@ class Actions:
             if status not in (401, 403, 404, 409):
                 raise
             log.debug("changeTaskPriority %s: HTTP %s: %s", task_id, status, exc)
-            return Result("gone" if status == 409 else "refused")
+            if status != 409:
+                return Result("refused")
+            return await self._not_raised(task_id)
         return Result("raised")
+
+    async def _not_raised(self, task_id: str) -> Result:
+        """The queue answered 409 to raising ``task_id``: at that priority already (a probe's
+        rerun), resolved, or resolved before and pending or running again (a rerun)."""
+        priority = (await self.queue.task(task_id)).get("priority")
+        if priority == PROBE_PRIORITY:
+            return Result("raised")
+        run = await self._latest(task_id)
+        if run is None or run["state"] in RESOLVED:
+            return Result("gone")
+        if not self.kept_said:
+            self.kept_said = True
+            log.warning(
+                "the queue will not raise the priority of %s, a task it resolved before and "
+                "runs again (a bisection's confirmation): it waits at priority %s like any "
+                "task; said once",
+                task_id,
+                priority,
+            )
+        return Result("kept")
 
     async def cancel(self, entry: Entry, run: Mapping[str, Any] | None = None) -> Result:
         """Cancel a running victim, unless it has run longer than the rule protects. Its worker

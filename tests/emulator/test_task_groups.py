@@ -271,8 +271,12 @@ def test_change_task_priority_moves_a_pending_task_in_claim_work_order(
     assert (message["payload"]["oldPriority"], message["payload"]["newPriority"]) == ("low", "high")
     assert message["payload"]["status"] == status
     assert message["routingKey"] == f"primary.{third}._._._.emulator-test.worker.-.{third}._"
-    # The same priority again changes nothing and says nothing.
-    assert queue.changeTaskPriority(third, {"newPriority": "high"})["status"] == status
+    # The same priority again is refused, in release 106's words, and says nothing.
+    same = refused(queue.changeTaskPriority, third, {"newPriority": "high"})
+    assert (same.status_code, same.body["code"]) == (409, "RequestConflict")
+    assert same.body["message"].startswith(
+        f"Task `{third}` is already resolved and cannot be reprioritized."
+    )
     assert len(em.messages("task-priority-changed", third)) == 1
 
     queue.changeTaskPriority(first, {"newPriority": "lowest"})
@@ -298,8 +302,12 @@ def test_change_task_priority_refuses_resolved_unknown_and_invalid(
 ) -> None:
     done = em.create_task()
     queue.cancelTask(done)
+    background(em)  # the dependency resolver marks it ever-resolved
     resolved = refused(queue.changeTaskPriority, done, {"newPriority": "high"})
     assert (resolved.status_code, resolved.body["code"]) == (409, "RequestConflict")
+    assert resolved.body["message"].startswith(
+        f"Task `{done}` is already resolved and cannot be reprioritized."
+    )
     unknown = refused(queue.changeTaskPriority, taskcluster.slugid.nice(), {"newPriority": "high"})
     assert unknown.status_code == 404
     invalid = refused(queue.changeTaskPriority, done, {"newPriority": "urgent"})
@@ -308,12 +316,50 @@ def test_change_task_priority_refuses_resolved_unknown_and_invalid(
     assert em.messages("task-priority-changed") == []
 
 
+def test_change_task_priority_refuses_a_task_ever_resolved_even_when_rerun(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    """As release 106 does: the mark is the dependency resolver's, so a task resolved moments
+    ago is still changed; once marked, a rerun pending again is refused for good."""
+    quick = em.create_task(priority="low")
+    as_worker(em, claim_one(em, queue, quick)).reportFailed(quick, 0)
+    status = queue.changeTaskPriority(quick, {"newPriority": "high"})["status"]
+    assert (status["state"], queue.task(quick)["priority"]) == ("failed", "high")
+
+    rerun = em.create_task(priority="low")
+    as_worker(em, claim_one(em, queue, rerun)).reportFailed(rerun, 0)
+    background(em)
+    queue.rerunTask(rerun)
+    assert queue.status(rerun)["status"]["state"] == "pending"
+    again = refused(queue.changeTaskPriority, rerun, {"newPriority": "highest"})
+    assert (again.status_code, again.body["code"]) == (409, "RequestConflict")
+    assert again.body["message"].startswith(
+        f"Task `{rerun}` is already resolved and cannot be reprioritized."
+    )
+    assert queue.task(rerun)["priority"] == "low"
+    assert em.messages("task-priority-changed", rerun) == []
+
+
+def test_change_task_priority_refuses_a_task_past_its_deadline(
+    em: QueueEmulator, queue: CheckedQueue
+) -> None:
+    late = em.create_task(deadline=format_time(em.clock.now() + timedelta(seconds=30)))
+    em.clock.advance(31)
+    past = refused(queue.changeTaskPriority, late, {"newPriority": "high"})
+    assert (past.status_code, past.body["code"]) == (409, "RequestConflict")
+    deadline = queue.task(late)["deadline"]
+    assert past.body["message"].startswith(
+        f"Task `{late}` can't be reprioritized past its deadline of {deadline}."
+    )
+
+
 def test_change_task_group_priority_changes_the_unresolved_tasks_of_the_group(
     em: QueueEmulator, queue: CheckedQueue
 ) -> None:
     group = taskcluster.slugid.nice()
     completed = em.create_task(taskGroupId=group, priority="low")
     as_worker(em, claim_one(em, queue, completed)).reportCompleted(completed, 0)
+    background(em)  # marked ever-resolved: out of reach
     outsider = em.create_task(priority="high")  # older, and higher than the group's tasks
     running = em.create_task(taskGroupId=group, priority="low")
     queue.claimTask(running, 0, WORKER)

@@ -11,6 +11,12 @@ result stands for it.
 With ``bisect-confirm: 1`` every failure the search would narrow on is first run again
 (``rerunTask``); push 4's first run fails intermittently (its command fails once, leaving a
 marker behind), its rerun passes: the search does not blame it.
+
+With every field at its default (``bisect-parallel`` 2, failures confirmed as the key's flake
+rate asks), the search runs two at a time, in fewer rounds than runs, and every probe waits for
+its worker at priority ``highest``. And when no push is broken but the newest push's first run
+fails (a flaky task), the primary's rerun passes: the verdict is *flaky*, nobody is blamed, and
+the primary's passing run stands for every victim that did not run.
 """
 
 from __future__ import annotations
@@ -50,6 +56,14 @@ rules:
     bisect-confirm: 0
     bisect-parallel: 1
 """
+#: Every field of ``bisect`` at its default: bisect-parallel 2, bisect-confirm 3, confidence 0.99.
+DEFAULTS = f"""\
+rules:
+  - name: bisect
+    keys: {KEY}
+    strategy: latest-wins
+    on-primary-failure: bisect
+"""
 #: The push whose first run fails intermittently, with bisect-confirm 1.
 FLAKY = 4
 RESOLVED = ("completed", "failed", "exception")
@@ -86,12 +100,19 @@ async def until(check: Any, procs: Processes, within: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-def definition(push: int, created: str, marker: Path | None = None) -> dict[str, Any]:
-    """Push ``push``'s task: its command fails from :data:`FIRST_BAD` on; with ``marker``,
-    push :data:`FLAKY`'s also fails while ``marker`` does not exist, creating it."""
-    script = f'echo "push $PUSH"; test "$PUSH" -lt {FIRST_BAD}'
+def definition(
+    push: int,
+    created: str,
+    marker: Path | None = None,
+    *,
+    first_bad: int = FIRST_BAD,
+    flaky: int = FLAKY,
+) -> dict[str, Any]:
+    """Push ``push``'s task: its command fails from ``first_bad`` on; with ``marker``,
+    push ``flaky``'s also fails while ``marker`` does not exist, creating it."""
+    script = f'echo "push $PUSH"; test "$PUSH" -lt {first_bad}'
     env = {"PUSH": str(push)}
-    if marker is not None and push == FLAKY:
+    if marker is not None and push == flaky:
         script = f'if [ ! -e "$MARKER" ]; then touch "$MARKER"; exit 1; fi; {script}'
         env["MARKER"] = str(marker)
     return {
@@ -125,6 +146,18 @@ async def test_the_enforcer_confirms_failures_and_does_not_blame_an_intermittent
 ) -> None:
     policy = POLICY.replace("bisect-confirm: 0", "bisect-confirm: 1")
     await end_to_end(store, redis_url, tmp_path, policy, confirmed_scenario)
+
+
+async def test_with_the_defaults_probes_run_at_once_at_the_highest_priority(
+    store: Store, redis_url: str, tmp_path: Path
+) -> None:
+    await end_to_end(store, redis_url, tmp_path, DEFAULTS, parallel_scenario)
+
+
+async def test_a_failure_that_does_not_come_back_is_flaky_and_blames_nobody(
+    store: Store, redis_url: str, tmp_path: Path
+) -> None:
+    await end_to_end(store, redis_url, tmp_path, DEFAULTS, flaky_scenario)
 
 
 Scenario = Callable[[Processes, Store, str, str, int, int, Path], Awaitable[None]]
@@ -161,6 +194,9 @@ async def bisected(
     queue_port: int,
     web_port: int,
     marker: Path | None = None,
+    *,
+    first_bad: int = FIRST_BAD,
+    flaky: int = FLAKY,
 ) -> tuple[Callable[[str], list[dict[str, Any]]], list[str]]:
     """The processes, the pushes held for the newest, a worker, and the bisection over: each
     task's runs, and the pushes' taskIds (oldest first)."""
@@ -196,7 +232,9 @@ async def bisected(
     ids = sorted(taskcluster.slugid.nice() for _ in range(PUSHES))
     created = taskcluster.stringDate(taskcluster.fromNow("0 seconds"))
     for push, task_id in enumerate(ids, start=1):
-        queue.createTask(task_id, definition(push, created, marker))
+        queue.createTask(
+            task_id, definition(push, created, marker, first_bad=first_bad, flaky=flaky)
+        )
     victims, primary = ids[:-1], ids[-1]
 
     def held() -> bool:
@@ -354,3 +392,135 @@ async def confirmed_scenario(
     log = procs.output("enforce")
     assert "culprit located: task " + culprit in log
     assert "1 intermittent" in log
+
+
+async def parallel_scenario(
+    procs: Processes,
+    store: Store,
+    root: str,
+    service: str,
+    queue_port: int,
+    web_port: int,
+    tmp_path: Path,
+) -> None:
+    """The defaults: two runs at once, failures confirmed as the key's flake rate (the prior's
+    5%: one confirmation) asks, every probe moved to the front of its task queue."""
+    runs, ids = await bisected(procs, store, root, service, queue_port, web_port)
+    victims, primary = ids[:-1], ids[-1]
+    queue = taskcluster.Queue({"rootUrl": root})
+
+    def results(task_id: str) -> list[tuple[str, str]]:
+        return [(r["state"], r["reasonResolved"]) for r in runs(task_id)]
+
+    failed, shutdown = ("failed", "failed"), ("exception", "worker-shutdown")
+    assert results(primary) == [failed, failed]  # its failure came back
+    ran = [t for t in victims if len(runs(t)) > 1]
+    culprit, good = victims[FIRST_BAD - 1], victims[FIRST_BAD - 2]
+    assert {culprit, good} <= set(ran)
+    for task_id in ran:
+        push = ids.index(task_id) + 1
+        # Released by the enforcer, run by the worker; a failure run once more.
+        want = [shutdown, failed, failed] if push >= FIRST_BAD else [shutdown, ("completed",) * 2]
+        assert results(task_id) == want, (push, results(task_id))
+        assert runs(task_id)[0]["workerGroup"] == "coalescer"
+        # Raised while its released run waited: a task's priority changes only unresolved.
+        assert queue.task(task_id)["priority"] == "highest", push
+    for task_id in victims:
+        if task_id not in ran:  # held, never run: as created
+            assert queue.task(task_id)["priority"] == "lowest"
+
+    async with httpx.AsyncClient(timeout=10) as http:
+        for i, task_id in enumerate(victims):
+            if task_id in ran:
+                continue
+            stand_in = good if i < FIRST_BAD - 2 else culprit
+            [run] = runs(task_id)
+            assert (run["state"], run["reasonResolved"]) == ("exception", "canceled"), task_id
+            response = await http.get(
+                f"{root}/emulator/v1/blobs/{task_id}/0/public/superseded-by.json"
+            )
+            last = len(runs(stand_in)) - 1
+            assert response.raise_for_status().json() == {"taskId": stand_in, "runId": last}
+
+        answer = (await http.get(f"{service}/v1/tasks/{culprit}")).raise_for_status().json()
+    [finding] = answer["bisection"]
+    assert finding["verdict"] == "culprit" and finding["role"] == "culprit"
+    assert finding["culprit"] == {"taskId": culprit, "runId": 2}
+    assert finding["lastGood"] == {"taskId": good, "runId": 1}
+    assert finding["probability"] >= 0.99
+    extra = sum(len(runs(t)) - 1 for t in ids)
+    assert finding["extraRuns"] == extra
+    # Runs at once share a round: fewer rounds than runs, and no more than one run at a time
+    # would have taken (ceil(log2(9)) = 4, each failure confirmed).
+    assert 1 <= finding["rounds"] < finding["extraRuns"]
+    assert finding["rounds"] <= 4
+    assert "culprit located: task " + culprit in procs.output("enforce")
+
+
+async def flaky_scenario(
+    procs: Processes,
+    store: Store,
+    root: str,
+    service: str,
+    queue_port: int,
+    web_port: int,
+    tmp_path: Path,
+) -> None:
+    """No push is broken; the newest push's first run fails (a flaky task), its rerun passes:
+    the search concludes *flaky*, names no culprit, and the primary's passing run stands for
+    every victim that did not run."""
+    marker = tmp_path / "newest.flaked"
+    runs, ids = await bisected(
+        procs,
+        store,
+        root,
+        service,
+        queue_port,
+        web_port,
+        marker,
+        first_bad=PUSHES + 1,
+        flaky=PUSHES,
+    )
+    victims, primary = ids[:-1], ids[-1]
+    assert marker.exists()
+    queue = taskcluster.Queue({"rootUrl": root})
+
+    def results(task_id: str) -> list[tuple[str, str]]:
+        return [(r["state"], r["reasonResolved"]) for r in runs(task_id)]
+
+    completed = ("completed", "completed")
+    assert results(primary) == [("failed", "failed"), completed]
+    # The defaults run one probe beside the primary's confirmation; it runs for itself.
+    ran = [t for t in victims if len(runs(t)) > 1]
+    assert len(ran) <= 1
+    for task_id in ran:
+        assert results(task_id) == [("exception", "worker-shutdown"), completed]
+        assert queue.task(task_id)["priority"] == "highest"
+
+    async with httpx.AsyncClient(timeout=10) as http:
+
+        async def blob(task_id: str, name: str) -> httpx.Response:
+            response = await http.get(f"{root}/emulator/v1/blobs/{task_id}/0/{name}")
+            return response.raise_for_status()
+
+        superseded = [t for t in victims if t not in ran]
+        assert len(superseded) >= PUSHES - 2
+        for task_id in superseded:
+            [run] = runs(task_id)
+            assert (run["state"], run["reasonResolved"]) == ("exception", "canceled"), task_id
+            linked = (await blob(task_id, "public/superseded-by.json")).json()
+            assert linked == {"taskId": primary, "runId": 1}
+            text = (await blob(task_id, "public/logs/live_backing.log")).text
+            assert "whose failure did not come back when it ran again" in text, text
+
+        answer = (await http.get(f"{service}/v1/tasks/{primary}")).raise_for_status().json()
+    [finding] = answer["bisection"]
+    assert finding["verdict"] == "flaky"
+    assert finding["culprit"] is None and finding["suspect"] is None
+    assert finding["lastGood"] is None
+    assert finding["intermittent"] == [{"taskId": primary, "runId": 0}]
+    stood = {s["taskId"]: s["by"] for s in finding["standsFor"]}
+    assert stood == {t: {"taskId": primary, "runId": 1} for t in superseded}
+    log = procs.output("enforce")
+    assert f"bisection after {primary}: flaky, no push to blame" in log
+    assert "culprit located" not in log

@@ -399,23 +399,28 @@ def priority(loop: Loop, task_id: str) -> str:
     return str(loop.em.queue().task(task_id)["priority"])
 
 
-async def test_probes_and_confirmations_jump_the_queue(
-    queue_emulator: QueueEmulator, store: Store
+async def test_probes_jump_the_queue_and_reruns_keep_their_place(
+    queue_emulator: QueueEmulator, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     loop = confirming(queue_emulator, store)
     victims, primary = await held_then_failed(loop, n=4)
     assert {priority(loop, t) for t in [*victims, primary]} == {"lowest"}
     await enforce(loop, "e1")
-    # The primary's failure runs again first, at the front of its task queue.
+    # The primary's failure runs again first. The queue (as release 106's) will not change
+    # the priority of a task its dependency resolver has marked resolved, rerun or not: the
+    # confirmation keeps its place in line.
     assert loop.last_run(primary)["state"] == "pending"
-    assert priority(loop, primary) == "highest"
+    assert priority(loop, primary) == "lowest"
     loop.resolve(loop.claim(primary), "failed")
     await enforce(loop, "e1")
+    # A released victim was never resolved: its new run goes to the front of its task queue.
     [probe] = [t for t in victims if loop.last_run(t)["state"] == "pending"]
     assert priority(loop, probe) == "highest"
     assert {priority(loop, t) for t in victims if t != probe} == {"lowest"}
     changed = [m for m in loop.em.published if m["exchange"].endswith("task-priority-changed")]
-    assert [m["payload"]["status"]["taskId"] for m in changed] == [primary, probe]
+    assert [m["payload"]["status"]["taskId"] for m in changed] == [probe]
+    said = [r for r in caplog.records if "will not raise the priority" in r.getMessage()]
+    assert len(said) == 1 and primary in said[0].getMessage()
 
 
 async def test_without_change_task_priority_probes_wait_in_line_and_it_is_said_once(

@@ -121,10 +121,14 @@ class PoolActions:
 
     async def prioritize(self, task_id: str) -> Result:
         assert self.pool is not None, "PoolActions used outside Pool.run"
-        i = self.pool.pos[task_id]
+        i, top = self.pool.pos[task_id], priority_rank(PROBE_PRIORITY)
+        if self.pool.priority[i] == top:
+            return Result("raised")
         if self.pool.out.state[i] in model.RESOLVED:
             return Result("gone")
-        self.pool.prioritize(i, priority_rank(PROBE_PRIORITY))
+        if i in self.pool.reran:
+            return Result("kept")  # resolved before: the queue keeps its priority
+        self.pool.prioritize(i, top)
         return Result("raised")
 
     async def cancel(self, entry: Entry) -> Result:

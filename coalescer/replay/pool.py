@@ -230,6 +230,9 @@ class Pool:
         self.by_enforcer: set[int] = set()
         self.since = [-1] * n  # when each task's current run became pending
         self.priority = [t.priority for t in self.tasks]  # changeTaskPriority changes it
+        #: Tasks resolved, then run again by ``rerunTask``: the queue will not change their
+        #: priority any more (release 106 answers 409, "already resolved").
+        self.reran: set[int] = set()
         self.executions = self.out.executions  # runs of each task's command so far (its draws)
         #: Secondaries released after their primary failed, whose run will be an extra one.
         self.after_failure: set[int] = set()
@@ -384,6 +387,7 @@ class Pool:
         that run ends."""
         self.progress(-1)
         self.after_failure.add(i)
+        self.reran.add(i)
         self._pending(now, i)
 
     def prioritize(self, i: int, priority: int) -> None:

@@ -197,6 +197,7 @@ async def reconnect(broker: Broker, url: str) -> None:
 
 @needs_rabbitmqctl
 @pytest.mark.parametrize("down", ["stop", "kill"])
+@pytest.mark.timeout(300)  # the node's tools start an Erlang VM each: slow on a busy machine
 async def test_the_consumer_rides_out_a_broker_restart_and_loses_nothing(
     down: str,
     node: Node,

@@ -41,8 +41,9 @@ demo: $(STAMP)
 # pytest-xdist workers per pass, each with a redis-server of its own (tests/conftest.py). The
 # tests mostly wait on processes, brokers and sockets: two passes of 3 keep 2 cores busy.
 TEST_WORKERS ?= 3
-# load: the slowest files first (tests/conftest.py), spread over the workers as they free up
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist load
+# The slowest files first (tests/conftest.py), handed out two at a time as workers free up (a
+# larger chunk would queue them all on the first worker).
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # At the lowest versions: every test but those tests/conftest.py marks newest_only (the
 # product's own decisions: property tests, the bisection's search, the replay's model, the
 # demo and the soak), which no library's version changes.

@@ -89,7 +89,8 @@ def _check_error_body(response: httpx.Response) -> None:
     assert isinstance(body["error"], str) and len(body["error"]) > 10, response.request.url
 
 
-@pytest.mark.timeout(300)  # the budget, and room for a busy machine
+# The budget is checked between passes: one pass can outlast it on a busy machine.
+@pytest.mark.timeout(300)
 async def test_the_api_holds_to_its_schema_under_fuzzing(
     client: httpx.AsyncClient,
 ) -> None:
@@ -127,8 +128,6 @@ async def test_the_api_holds_to_its_schema_under_fuzzing(
             suppress_health_check=list(HealthCheck),
         )
         def one(case: Any) -> None:
-            if time.monotonic() > deadline:
-                return  # past the budget: the remaining examples of this pass are not sent
             response = send(case, accept)
             case.validate_response(response, checks=CHECKS)
             _check_error_body(response)

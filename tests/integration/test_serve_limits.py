@@ -148,6 +148,9 @@ class Herd:
         refused) before the next."""
         batch = 500
         for start in range(0, count, batch):
+            # When the batch began: no later than the server took any of its connections (a
+            # busy test process may notice a connection made well after it was).
+            began = time.monotonic()
             pending: dict[int, socket.socket] = {}
             for _ in range(min(batch, count - start)):
                 s = socket.socket()
@@ -168,7 +171,7 @@ class Herd:
                         s.close()
                         continue
                     self.socks[fd] = s
-                    self.opened[fd] = time.monotonic()
+                    self.opened[fd] = began
                     self._poll.register(fd, select.POLLIN)
 
     def send(self, data: bytes) -> None:
@@ -327,7 +330,7 @@ def test_connections_are_closed_when_no_request_comes_within_the_idle_timeout(
         after = sorted(idle.closed[fd] - idle.opened[fd] for fd in idle.socks)
         print(f"\n{count + 1} idle connections closed {after[0]:.2f}-{after[-1]:.2f} s in")
         assert after[0] >= timeout - 0.2, after[:5]
-        assert max(idle.closed.values()) - began <= timeout + 2
+        assert max(idle.closed.values()) - began <= timeout + 4  # room for a busy machine
         (asked,) = idle.answers.values()
         assert asked.startswith(b"HTTP/1.1 200 "), asked
     body = s.metrics()

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) \
 		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && rm -rf $(VENV) \
-			&& { apt-get update -qq; apt-get install -y -qq python3-venv; } && $(PYTHON) -m venv $(VENV); } \
+			&& { apt-get update -qq; apt-get install -y -qq --no-install-recommends python3-venv; } && $(PYTHON) -m venv $(VENV); } \
 		|| { echo "python3 -m venv failed: install Debian's python3-venv (apt-get install python3-venv)"; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e .
@@ -38,8 +38,21 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/coalescer demo
 
-# The whole suite twice: at the newest versions pyproject.toml's ranges allow (.venv), then at
-# the lowest (.venv-lowest), so that every declared range is tested at both ends.
+# pytest-xdist workers per pass, each with a redis-server of its own (tests/conftest.py). The
+# tests mostly wait on processes, brokers and sockets: two passes of 3 keep 2 cores busy.
+TEST_WORKERS ?= 3
+# The slowest files first (tests/conftest.py), handed out two at a time as workers free up (a
+# larger chunk would queue them all on the first worker).
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist load --maxschedchunk 1
+# At the lowest versions: every test but those tests/conftest.py marks newest_only (the
+# product's own decisions: property tests, the bisection's search, the replay's model, the
+# demo and the soak), which no library's version changes.
+LOWEST_SCOPE := -m "not newest_only"
+
+# The whole suite at the newest versions pyproject.toml's ranges allow (.venv) and, side by
+# side with it, the tests that exercise libraries at the lowest (.venv-lowest), so that every
+# declared range is tested at both ends. Each pass has its own workers and redis-servers; the
+# lowest pass's output (build/test-lowest.log) is printed after the newest's.
 test: $(TEST_STAMP) $(LOWEST_STAMP)
 	$(BIN)/python scripts/lock.py --check
 	$(BIN)/ruff check coalescer tests tests_taskcluster
@@ -47,13 +60,21 @@ test: $(TEST_STAMP) $(LOWEST_STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache && $(BIN)/deptry coalescer
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
-	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q
-	@echo "== the suite again, at the lowest versions (.venv-lowest)"
-	$(BIN)/python scripts/with_services.py $(LOWEST)/bin/pytest -q -p no:cacheprovider
+	@# Installs and starts what the tests need once, before two passes run side by side.
+	$(BIN)/python scripts/with_services.py $(BIN)/pytest --version
+	@mkdir -p build
+	@$(BIN)/python scripts/with_services.py $(LOWEST)/bin/pytest -q -p no:cacheprovider \
+		$(PYTEST_PARALLEL) $(LOWEST_SCOPE) > build/test-lowest.log 2>&1 & \
+	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q $(PYTEST_PARALLEL); newest=$$?; \
+	wait $$!; lowest=$$?; \
+	echo "== the tests that exercise libraries, at the lowest versions (.venv-lowest)"; \
+	cat build/test-lowest.log; \
+	test $$newest = 0 && test $$lowest = 0
 
-# The suite at the bottom of the ranges only (the second half of `make test`).
+# The lowest-versions pass only (the second half of `make test`).
 test-lowest: $(TEST_STAMP) $(LOWEST_STAMP)
-	$(BIN)/python scripts/with_services.py $(LOWEST)/bin/pytest -q -p no:cacheprovider
+	$(BIN)/python scripts/with_services.py $(LOWEST)/bin/pytest -q -p no:cacheprovider \
+		$(PYTEST_PARALLEL) $(LOWEST_SCOPE)
 
 # requirements.txt (the hashed deploy lock) and constraints-lowest.txt, from pyproject.toml.
 lock: $(TEST_STAMP)
@@ -67,7 +88,7 @@ test-taskcluster: $(TEST_STAMP)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
-	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq wrk; } \
+	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq --no-install-recommends wrk; } \
 		|| { echo "make bench needs wrk: apt-get install wrk"; exit 1; }
 	@# The query against a bare Starlette endpoint: the rotating mix (the default), one URL, and
 	@# tc-coalesce's route against a model of tc-coalesce.

@@ -1,11 +1,12 @@
 """Run a command with a real Redis and RabbitMQ reachable, for the test suite.
 
 Redis: ``COALESCER_TEST_REDIS_URL`` or ``REDIS_URL`` if set; else a throwaway ``redis-server``
-on a free loopback port, stopped afterwards. RabbitMQ: ``COALESCER_TEST_AMQP_URL`` or
+on a free loopback port, stopped afterwards (and ``COALESCER_TEST_REDIS_OWN=1``: under
+pytest-xdist each worker then starts one of its own, see tests/conftest.py). RabbitMQ: ``COALESCER_TEST_AMQP_URL`` or
 ``PULSE_URL`` if set; else the local broker on 127.0.0.1:5672 (started if installed but
 stopped). A browser for the page tests: ``COALESCER_TEST_CHROMIUM`` if set, else Debian's
 ``chromium``. The en_US locale's definition, for a Redis run under it. Whatever is missing is
-installed with apt-get when running as root, else named.
+installed with apt-get (without recommended packages) when running as root, else named.
 The command then runs with both URLs and the browser's path in its environment.
 
     python scripts/with_services.py pytest -q
@@ -57,7 +58,9 @@ def install(package: str, why: str) -> bool:
     say(f"{why}: installing Debian's {package} (apt-get)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", package], check=True, env=env)
+    # Without recommends: chromium alone would bring about 115 packages the tests never use.
+    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]
+    subprocess.run(install, check=True, env=env)
     return True
 
 
@@ -155,6 +158,8 @@ def main(argv: list[str]) -> int:
     redis_url = env.get("COALESCER_TEST_REDIS_URL") or env.get("REDIS_URL")
     if not redis_url:
         redis_url, redis_proc, workdir = start_redis()
+        # Throwaway servers are fine here: under pytest-xdist each worker starts its own.
+        env["COALESCER_TEST_REDIS_OWN"] = "1"
     amqp_url = env.get("COALESCER_TEST_AMQP_URL") or env.get("PULSE_URL") or ensure_rabbitmq()
     env["COALESCER_TEST_REDIS_URL"] = redis_url
     env["COALESCER_TEST_AMQP_URL"] = amqp_url

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import hypothesis
 import pytest
 import redis.asyncio as aioredis
 
@@ -14,6 +17,112 @@ from coalescer.store import Store, open_store
 
 REDIS_URL = os.environ.get("COALESCER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 AMQP_URL = os.environ.get("COALESCER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+
+#: Whether the tests may start Redis servers of their own (``scripts/with_services.py`` says so
+#: when it started a throwaway one): then each pytest-xdist worker runs on a ``redis-server`` of
+#: its own, so that no worker's flush, fill or freeze reaches another's.
+OWN_REDIS = "COALESCER_TEST_REDIS_OWN"
+
+hypothesis.settings.register_profile("fixed", derandomize=True)
+hypothesis.settings.register_profile("random", derandomize=False)
+#: The same examples on every run (``make test`` draws nothing at random); another run's with
+#: ``--hypothesis-profile random``.
+hypothesis.settings.load_profile("fixed")
+
+
+#: Tests whose subject is the product's own decisions, not a library's behaviour: the property
+#: tests (hypothesis varies our inputs over the library calls the other tests make), the
+#: bisection's search, the replay's model, and the end-to-end runs (demo, soak) of what the
+#: other tests cover seam by seam. Marked ``newest_only``: ``make test`` runs them in its
+#: first pass only, and the lowest-versions pass (``-m "not newest_only"``) runs everything else.
+#: A test not listed here runs at both ends.
+NEWEST_ONLY = (
+    "integration/test_demo.py",
+    "integration/test_enforce_bisect.py",
+    "integration/test_properties.py",
+    "integration/test_replay_honesty.py",
+    "integration/test_soak.py",
+    "policy/test_bisect.py",
+    "policy/test_bisect_properties.py",
+    "policy/test_properties.py",
+    "replay/test_failures.py",
+    "replay/test_live_runs.py",
+    "replay/test_policy_file.py",
+    "replay/test_pool.py",
+    "replay/test_queue_sources.py",
+    "replay/test_recorded.py",
+    "replay/test_runs.py",
+    "replay/test_superseding.py",
+    "replay/test_synthetic.py",
+    "unit/test_bisection.py",
+    "worker/test_bisect.py",
+    "worker/test_bisect_report.py",
+)
+
+
+#: The slowest files (``pytest --durations``), run first, longest first: handed out before the
+#: short tests, they end with them instead of after them on a worker of their own.
+SLOW_FIRST = (
+    "integration/test_soak.py",
+    "web/test_openapi.py",
+    "integration/test_pulse_churn.py",
+    "policy/test_bisect.py",
+    "integration/test_replay_honesty.py",
+    "integration/test_pulse_process.py",
+    "integration/test_own_broker.py",
+    "integration/test_serve.py",
+    "replay/test_live_runs.py",
+    "integration/test_listen_index.py",
+    "replay/test_failures.py",
+    "integration/test_serve_limits.py",
+    "integration/test_demo.py",
+    "replay/test_cli.py",
+    "integration/test_browser.py",
+    "integration/test_cluster_failover.py",
+    "integration/test_redis_url.py",
+    "integration/test_enforce_bisect.py",
+    "worker/test_runner.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+
+    def where(item: pytest.Item) -> str:
+        return item.path.relative_to(here).as_posix()
+
+    for item in items:
+        if where(item) in NEWEST_ONLY:
+            item.add_marker(pytest.mark.newest_only)
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(where(item), len(rank)))  # stable: in order otherwise
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global REDIS_URL
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest-xdist
+    if not worker:
+        return
+    if os.environ.get(OWN_REDIS):
+        from tests.redis_server import RedisServer
+
+        for attempt in range(3):  # another worker may have taken the free port meanwhile
+            server = RedisServer()
+            try:
+                server.start()
+                break
+            except RuntimeError:
+                server.stop()
+                if attempt == 2:
+                    raise
+        config.add_cleanup(server.stop)
+        REDIS_URL = server.url
+    else:  # a database of the given server per worker: 15, 14, ... for gw0, gw1, ...
+        parts = urlsplit(REDIS_URL)
+        given = int(parts.path.strip("/") or 0)
+        database = (given - int(worker.removeprefix("gw"))) % 16
+        REDIS_URL = parts._replace(path=f"/{database}").geturl()
+    os.environ["COALESCER_TEST_REDIS_URL"] = REDIS_URL
 
 
 @pytest.fixture(scope="session")

@@ -280,3 +280,16 @@ def _resolve(future: asyncio.Future[Any], result: Any) -> None:
     # A reply may come after its waiter gave up (cancelled): nobody needs it then.
     if not future.done():
         future.set_result(result)
+
+
+def on_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's exception handler for a consumer: pika's heartbeat timer writing to a
+    connection whose socket watch uvloop already closed (the write's ``RuntimeError``, as in the
+    module's docstring) is a connection lost, said as a warning; the heartbeat then finds the
+    connection dead and its session ends. Anything else goes to the loop's default handler."""
+    exc = context.get("exception")
+    handle = repr(context.get("handle"))
+    if isinstance(exc, RuntimeError) and "HeartbeatChecker" in handle:
+        log.warning("a heartbeat could not be sent on a connection already gone (%s)", exc)
+        return
+    loop.default_exception_handler(context)

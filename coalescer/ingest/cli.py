@@ -228,12 +228,14 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.health import Health, Supervisor, watch_store
+    from coalescer.ingest import amqp
     from coalescer.ingest.pulse import Consumer
     from coalescer.ingest.record import Recorder
     from coalescer.observe import Observer
     from coalescer.store import open_store
 
     stop = _stop_event()
+    asyncio.get_running_loop().set_exception_handler(amqp.on_loop_error)
     path = args.record or settings.record_file
     recorder = Recorder(path, args.record_max_bytes or settings.record_max_bytes) if path else None
     store = await open_store(settings.redis_url, grace_seconds=settings.grace_seconds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import timedelta
@@ -285,6 +286,11 @@ def test_claim_work_serves_higher_priority_first_then_older_tasks(
     assert [c["status"]["taskId"] for c in claims] == [high, old_low, new_low]
 
 
+#: A long-poll bound far above the wake-up, so that a busy machine cannot blur the two.
+LONG_POLL = dataclasses.replace(TEST_OPTIONS, claim_work_timeout=20.0)
+
+
+@pytest.mark.parametrize("queue_emulator_options", [LONG_POLL])
 def test_claim_work_waits_for_work_then_returns_it(em: QueueEmulator, queue: CheckedQueue) -> None:
     result: dict[str, object] = {}
 
@@ -295,10 +301,10 @@ def test_claim_work_waits_for_work_then_returns_it(em: QueueEmulator, queue: Che
     waiter = threading.Thread(target=poll_for_work)
     waiter.start()
     task_id = em.create_task()
-    waiter.join(timeout=5)
+    waiter.join(timeout=30)
     claims = result["claims"]
     assert isinstance(claims, list) and [c["status"]["taskId"] for c in claims] == [task_id]
-    assert time.monotonic() - started < 1.0  # woken by the new task, not by the 1 s bound
+    assert time.monotonic() - started < 10.0  # woken by the new task, not by the 20 s bound
 
 
 def test_claim_work_returns_an_empty_list_after_the_long_poll_bound(
@@ -306,7 +312,8 @@ def test_claim_work_returns_an_empty_list_after_the_long_poll_bound(
 ) -> None:
     started = time.monotonic()
     assert queue.claimWork(QUEUE_ID, {**WORKER, "tasks": 1})["tasks"] == []
-    assert 0.9 <= time.monotonic() - started < 3.0  # the fixture's bound is 1 s
+    # The fixture's bound is 1 s; the upper limit only says it ends (with room for a busy box).
+    assert 0.9 <= time.monotonic() - started < 10.0
 
 
 def test_rerun_task_runs_a_resolved_task_again_with_its_retries_reset(

@@ -33,6 +33,9 @@ from tests.integration.test_pulse import (  # noqa: F401  (fixture)
 from tests.integration.test_pulse_process import Listen, listen_environ, pending_count
 from tests.ports import free_port, free_port_pair
 
+#: The node's tools start an Erlang VM each, and the node boots: slow on a busy machine.
+pytestmark = pytest.mark.timeout(420)
+
 #: Where Debian's package keeps the server's own scripts (``/usr/sbin``'s wrappers switch to the
 #: ``rabbitmq`` user, and with it to the shared node's files).
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -77,7 +80,7 @@ class Node:
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
         self.tls_url = f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"
 
-    def _run(self, *argv: str, timeout: float = 90) -> None:
+    def _run(self, *argv: str, timeout: float = 200) -> None:
         done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             logs = "\n".join(
@@ -88,7 +91,8 @@ class Node:
     def start(self) -> None:
         ctl = str(RABBITMQ_BIN / "rabbitmqctl")
         self._run(str(RABBITMQ_BIN / "rabbitmq-server"), "-detached")
-        self._run(ctl, "-n", self.name, "wait", str(self.workdir / "pid"), "--timeout", "60")
+        # A node boots in about 2 s on a quiet machine, and took over a minute on a busy one.
+        self._run(ctl, "-n", self.name, "wait", str(self.workdir / "pid"), "--timeout", "180")
 
     def stop(self) -> None:
         self._run(str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, "stop")

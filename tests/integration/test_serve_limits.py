@@ -148,6 +148,9 @@ class Herd:
         refused) before the next."""
         batch = 500
         for start in range(0, count, batch):
+            # When the batch began: no later than the server took any of its connections (a
+            # busy test process may notice a connection made well after it was).
+            began = time.monotonic()
             pending: dict[int, socket.socket] = {}
             for _ in range(min(batch, count - start)):
                 s = socket.socket()
@@ -168,7 +171,7 @@ class Herd:
                         s.close()
                         continue
                     self.socks[fd] = s
-                    self.opened[fd] = time.monotonic()
+                    self.opened[fd] = began
                     self._poll.register(fd, select.POLLIN)
 
     def send(self, data: bytes) -> None:
@@ -242,9 +245,10 @@ def test_idle_connections_past_the_descriptor_limit_do_not_keep_new_clients_out(
     with herd(s.port) as idle:
         idle.open(FLOOD, deadline=time.monotonic() + 60)
         idle.watch(0.5)
-        # New clients, each on a connection of its own, are answered at once.
+        # New clients, each on a connection of its own, are answered at once: not after the
+        # 120 s idle timeout (the bound leaves room for a busy machine).
         took = [new_client_query(client, s.base) for _ in range(20)]
-        assert max(took) < 1.0, took
+        assert max(took) < 3.0, took
         body = s.metrics()
         limit = metric(body, "coalescer_connections_limit")
         assert 0 < limit < SERVER_FILES
@@ -269,7 +273,7 @@ def test_slow_request_heads_are_closed_after_the_head_timeout(
     redis_client: Any,
     redis_url: str,
 ) -> None:
-    timeout = 2.0
+    timeout = 3.0
     s = Service(
         tmp_path / "serve.log", {"REDIS_URL": redis_url, "COALESCER_HEAD_TIMEOUT": str(timeout)}
     )
@@ -281,7 +285,8 @@ def test_slow_request_heads_are_closed_after_the_head_timeout(
         slow.send(b"GET /k?taskId=" + taskcluster.slugid.nice().encode() + b" HTTP/1.1\r\n")
         slow.send(b"X-Slow: ")
         # A byte a second, every connection, until the server has closed them all.
-        assert new_client_query(client, s.base) < 1.0  # answered while they trickle
+        # Answered while they trickle: before the head timeout closes any of them.
+        assert new_client_query(client, s.base) < timeout
         while slow.still_open() and time.monotonic() - began < timeout + 10:
             slow.send(b"a")
             slow.watch(1.0)
@@ -292,10 +297,10 @@ def test_slow_request_heads_are_closed_after_the_head_timeout(
             f"began (COALESCER_HEAD_TIMEOUT={timeout:g})"
         )
         assert after[0] >= timeout - 0.2, after[:5]
-        assert after[-1] <= timeout + 3, after[-5:]
+        assert after[-1] <= timeout + 5, after[-5:]  # room for a busy machine
         assert len(slow.answers) == SLOW_HEADS
         assert all(a.startswith(b"HTTP/1.1 408 ") for a in slow.answers.values())
-    assert new_client_query(client, s.base) < 1.0
+    assert new_client_query(client, s.base) < timeout
     assert shed(s.metrics(), "slow_head") == SLOW_HEADS
     # The first is logged at once, the rest in a summary within 10 s.
     deadline = time.monotonic() + 20
@@ -325,7 +330,7 @@ def test_connections_are_closed_when_no_request_comes_within_the_idle_timeout(
         after = sorted(idle.closed[fd] - idle.opened[fd] for fd in idle.socks)
         print(f"\n{count + 1} idle connections closed {after[0]:.2f}-{after[-1]:.2f} s in")
         assert after[0] >= timeout - 0.2, after[:5]
-        assert max(idle.closed.values()) - began <= timeout + 2
+        assert max(idle.closed.values()) - began <= timeout + 4  # room for a busy machine
         (asked,) = idle.answers.values()
         assert asked.startswith(b"HTTP/1.1 200 "), asked
     body = s.metrics()

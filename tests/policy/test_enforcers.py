@@ -166,9 +166,12 @@ async def test_a_key_whose_store_fails_leaves_no_other_key_s_action_running_into
     await loop.feed()
     gate.task_id, gate.fail = slow, False
     read = outbox.read
+    failures = 0
 
     async def failing(store: Any, key: str, consumer: str, **options: Any) -> Any:
+        nonlocal failures
         if key == "k.1" and not gate.released.is_set():
+            failures += 1
             raise StoreUnavailable("Redis is moved: 1 127.0.0.1:1", reason="moved")
         return await read(store, key, consumer, **options)
 
@@ -176,7 +179,14 @@ async def test_a_key_whose_store_fails_leaves_no_other_key_s_action_running_into
 
     async def release_later() -> None:
         assert await asyncio.to_thread(gate.reached.wait, 10)
-        await asyncio.sleep(0.5)  # rounds enough for k.1's failures to start new ones
+
+        async def k1_failed() -> bool:
+            return failures > 0
+
+        await eventually(k1_failed, within=15)
+        # Not a wait for something, a window: an enforcer that ended the round with k.1's error
+        # would start new ones (every 0.02 s poll) and take k.0's pending entry again in it.
+        await asyncio.sleep(0.5)
         gate.released.set()
 
     async def drained() -> bool:

@@ -62,6 +62,18 @@ class Cast:
             os.killpg(member.proc.pid, signal.SIGKILL)
         member.proc.wait(10)
 
+    def stop(self, name: str, timeout: float = 30.0) -> int | None:
+        """SIGTERM the process's group and wait for it to exit; its exit code (``None``: it
+        outlived ``timeout`` and was SIGKILLed)."""
+        member = self.members[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(member.proc.pid, signal.SIGTERM)
+        try:
+            return member.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._reap(member)
+            return None
+
     def _reap(self, member: Member) -> None:
         if member.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

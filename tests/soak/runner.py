@@ -334,13 +334,37 @@ class Soak:
             self.notes.append(
                 f"{left} tasks still pending or running after {self.config.settle:.0f} s"
             )
-        async with self.amqp.channel() as channel:  # until listen has taken every message
-            for _ in range(60):
+        await self._drain_pulse_queue()
+
+    async def _drain_pulse_queue(self) -> None:
+        """Until every published message is applied and acknowledged: the queue holds none
+        ready, then both ``listen`` stop (SIGTERM: each applies and acknowledges what it was
+        delivered, and the broker requeues whatever it was not), and the queue still holds none.
+        Otherwise they start again and take the rest."""
+        listens = ("listen-1", "listen-2")
+        async with self.amqp.channel() as channel:
+            for _ in range(5):
+                give_up = time.monotonic() + 30
+                while (
+                    await channel.declare_queue(self.pulse_queue, passive=True)
+                ).declaration_result.message_count:
+                    if time.monotonic() > give_up:
+                        self.notes.append("the Pulse queue still held messages after 30 s")
+                        return
+                    await asyncio.sleep(0.2)
+                for name in listens:
+                    code = await asyncio.to_thread(self.cast.stop, name)
+                    if code != 0:
+                        self.findings.add(
+                            "listen stops cleanly",
+                            f"{name} stopped with {code}: {self.cast.output(name, 1500)}",
+                        )
                 declared = await channel.declare_queue(self.pulse_queue, passive=True)
                 if not declared.declaration_result.message_count:
-                    break
-                await asyncio.sleep(0.5)
-        await asyncio.sleep(2.0)  # the last batches applied and acknowledged
+                    return
+                for name in listens:
+                    self.cast.restart(name)
+            self.notes.append("messages requeued after every stop of listen, 5 times")
 
     async def _check(self) -> None:
         findings = self.findings

@@ -4,11 +4,13 @@ and how a session ends when its connection dies."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 
 import pika
 import pytest
 
+from coalescer.ingest import amqp
 from coalescer.ingest.amqp import DEFAULT_HEARTBEAT, Session, Unavailable, heartbeat, parameters
 
 
@@ -68,3 +70,23 @@ async def test_a_write_that_fails_with_any_error_ends_the_session_at_once() -> N
     assert session.closed.done() and isinstance(session.closed.result(), RuntimeError)
     # No goodbye to wait for on a dead socket: closing returns at once.
     await asyncio.wait_for(session.wait_closed(), 0.5)
+
+
+def test_a_heartbeat_on_a_connection_already_gone_is_a_warning_and_the_rest_is_not_hidden(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Handle:
+        def __repr__(self) -> str:
+            return "<TimerHandle HeartbeatChecker._send_heartbeat>"
+
+    loop = asyncio.new_event_loop()
+    try:
+        gone = RuntimeError("unable to perform operation on <UVPoll closed=True>")
+        with caplog.at_level(logging.WARNING):
+            amqp.on_loop_error(loop, {"exception": gone, "handle": Handle()})
+            amqp.on_loop_error(loop, {"exception": ValueError("a bug"), "message": "boom"})
+        said = [(r.levelno, r.getMessage()) for r in caplog.records]
+        assert said[0][0] == logging.WARNING and "heartbeat could not be sent" in said[0][1]
+        assert said[1][0] == logging.ERROR and "boom" in said[1][1]  # the default handler's
+    finally:
+        loop.close()

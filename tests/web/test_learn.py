@@ -359,7 +359,9 @@ async def test_a_slow_queue_times_out_and_answers_the_task_alone(
         tap.hold()
         started = time.monotonic()
         assert await supersedes(client, x) == [x]
-        assert time.monotonic() - started < 2
+        # The 0.3 s learn timeout, not the held queue (it answers only once released); the
+        # margin is for a busy machine.
+        assert time.monotonic() - started < 5
         assert learned("timeout") == before + 1 and why(caplog, x) == ["timeout"]
         assert app.state.learner.waiting(x) == 0  # nothing left in flight
         # The queue recovers: the next query learns the task.

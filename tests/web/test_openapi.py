@@ -89,7 +89,8 @@ def _check_error_body(response: httpx.Response) -> None:
     assert isinstance(body["error"], str) and len(body["error"]) > 10, response.request.url
 
 
-@pytest.mark.timeout(180)
+# The budget is checked between passes: one pass can outlast it on a busy machine.
+@pytest.mark.timeout(300)
 async def test_the_api_holds_to_its_schema_under_fuzzing(
     client: httpx.AsyncClient,
 ) -> None:

@@ -314,11 +314,13 @@ async def test_a_failing_resolution_raises_only_after_the_others_have_ended(
     ended: list[str] = []
     async with make_shim(queue_emulator, bisecting(options, 0)) as shim:
         real = shim.resolver.supersede
+        failed = asyncio.Event()
 
         async def supersede(claim: Claim, primary: Claim, why: object) -> object:
             if claim.task_id == ids[0]:
+                failed.set()
                 raise RuntimeError("the queue failed this call")
-            await asyncio.sleep(0.2)  # ends well after the failing one
+            await asyncio.wait_for(failed.wait(), 10)  # ends after the failing one
             done = await real(claim, primary, why)  # type: ignore[arg-type]
             ended.append(claim.task_id)
             return done

@@ -207,9 +207,12 @@ async def test_shutdown_lets_the_action_in_progress_finish(
         await svc.post_events()
         assert await asyncio.to_thread(gate.reached.wait, 10)  # claimed, resolving: stop now
     # The lifespan waited for the action and recorded it: nothing was left half done.
-    current = await records.decision(svc.store, "k", older)
-    assert current is not None and current.state == "superseded"
-    assert await svc.store.client.xlen("co:{k}:o") == 0
+    try:
+        current = await records.decision(svc.store, "k", older)
+        assert current is not None and current.state == "superseded"
+        assert await svc.store.client.xlen("co:{k}:o") == 0
+    finally:
+        await svc.store.close()  # the reads above opened a connection after the lifespan's end
     assert svc.loop.last_run(older)["reasonResolved"] == "superseded"
     assert svc.loop.last_run(newest)["state"] == "pending"
     assert enforcer_tasks() == []

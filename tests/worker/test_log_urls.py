@@ -31,15 +31,19 @@ PATH = "/E5SBRfo-RfOIxh0V4187Qg/0/public/logs/live_backing.log"
 def logged(request: pytest.FixtureRequest) -> Iterator[io.StringIO]:
     """Every line logged, at DEBUG, through the handler the CLI installs."""
     stream = io.StringIO()
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
+    root, http = logging.getLogger(), logging.getLogger("httpx")
+    saved = root.handlers[:], root.level, http.level
     root.handlers[:] = [logs.make_handler(json=request.param, stream=stream)]
     root.setLevel(logging.DEBUG)
+    # As a worker's process has it: some commands (replay, demo) quiet httpx in theirs, and an
+    # earlier test in this process may have run one.
+    http.setLevel(logging.NOTSET)
     try:
         yield stream
     finally:
-        root.handlers[:], level = saved
+        root.handlers[:], level, http_level = saved
         root.setLevel(level)
+        http.setLevel(http_level)
 
 
 def _claim() -> Any:

@@ -95,7 +95,7 @@ soak: $(TEST_STAMP)
 
 # The soak's mutation check (not in `make test`: about 2 minutes a soak): each small bug listed
 # in tests/soak/mutants.py applied to a scratch copy of the project, the 60 s soak run on it with
-# seed 1 on SOAK_STORE, one at a time, and the table of which were caught (also in
+# make test's seed on SOAK_STORE, one at a time, and the table of which were caught (also in
 # SOAK_CHECK_REPORT/table.md). Exits 1 if a bug escaped or the unmodified soak had a violation.
 SOAK_CHECK_REPORT ?= build/soak-check-$(SOAK_STORE)
 soak-check: $(TEST_STAMP)

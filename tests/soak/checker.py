@@ -17,10 +17,11 @@ import httpx
 from tests.soak.load import Pushed
 
 RESOLUTIONS = ("task-completed", "task-failed", "task-exception")
-#: memory is flat when, after each life's warm-up, it grows by at most this much a minute (the
-#: median slope of every pair of samples within one life: steps of an allocator's arenas and
-#: short lives weigh little, a leak's steady climb does)
-MEMORY_WARMUP_S, MEMORY_SLOPE = 20.0, 8 * 2**20
+#: memory is flat when, after each life's warm-up, it grows by at most MEMORY_SLOPE a minute
+#: (the median slope of every pair of samples within one life: a leak's steady climb weighs, the
+#: few steps of an allocator's arenas little) or, at that slope, by at most MEMORY_GROWTH over
+#: the longest life watched after warm-up (a step in a short life is not a slope)
+MEMORY_WARMUP_S, MEMORY_SLOPE, MEMORY_GROWTH = 20.0, 8 * 2**20, 16 * 2**20
 #: a canceled run may have run this much longer than its rule protects: the enforcer checks the
 #: protection, then uploads an artifact and cancels
 PROTECT_SLACK_MS = 1000
@@ -262,9 +263,9 @@ def check_dead_letters(bodies: list[bytes], sent_invalid: int, findings: Finding
 
 def check_memory(samples: list[tuple[float, str, int, int]], findings: Findings) -> dict[str, int]:
     """Per process name, over the whole run: the median of the slopes between every two samples
-    of one life (name, pid) taken after that life's warm-up, against :data:`MEMORY_SLOPE`. A
-    process SIGKILLed every few minutes still shows a leak: each life climbs. Returns the peak
-    RSS by name; the slopes go in the counts (MiB a minute)."""
+    of one life (name, pid) taken after that life's warm-up, against :data:`MEMORY_SLOPE` and
+    :data:`MEMORY_GROWTH`. A process SIGKILLed every few minutes still shows a leak: each life
+    climbs. Returns the peak RSS by name; the slopes go in the counts (MiB a minute)."""
     lives: dict[tuple[str, int], list[tuple[float, int]]] = {}
     peak: dict[str, int] = {}
     for at, name, pid, rss in samples:
@@ -272,9 +273,12 @@ def check_memory(samples: list[tuple[float, str, int, int]], findings: Findings)
             lives.setdefault((name, pid), []).append((at, rss))
             peak[name] = max(peak.get(name, 0), rss)
     slopes: dict[str, list[float]] = {}
+    watched: dict[str, float] = {}  # the longest life after warm-up, in seconds
     for (name, _), life in lives.items():
         born = life[0][0]
         warm = [(t, rss) for t, rss in life if t - born >= MEMORY_WARMUP_S]
+        if warm:
+            watched[name] = max(watched.get(name, 0.0), warm[-1][0] - warm[0][0])
         pairs = slopes.setdefault(name, [])
         for i, (t0, r0) in enumerate(warm):
             pairs.extend((r1 - r0) / (t1 - t0) * 60 for t1, r1 in warm[i + 1 :] if t1 > t0)
@@ -284,11 +288,13 @@ def check_memory(samples: list[tuple[float, str, int, int]], findings: Findings)
             continue  # too little after warm-up to judge
         slope = statistics.median(pairs)
         found[name] = round(slope / 2**20, 2)
-        if slope > MEMORY_SLOPE:
+        grown = slope * watched[name] / 60
+        if slope > MEMORY_SLOPE and grown > MEMORY_GROWTH:
             findings.add(
                 "memory flat",
                 f"{name} grows {slope / 2**20:.1f} MiB a minute after warm-up (median slope "
-                f"over {len(pairs)} pairs of samples; at most {MEMORY_SLOPE / 2**20:.0f})",
+                f"over {len(pairs)} pairs of samples; at most {MEMORY_SLOPE / 2**20:.0f}), "
+                f"{grown / 2**20:.0f} MiB over its longest life watched ({watched[name]:.0f} s)",
             )
     findings.counts["memory slope MiB/min"] = found
     return peak

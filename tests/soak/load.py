@@ -41,13 +41,16 @@ class Scenario:
     """What the stream does beyond passing tasks. ``regressions``: keys broken from one push on
     (:meth:`Pusher.regression`); ``flaky``: keys whose tasks fail their first run with
     probability ``flaky_share``; ``slow``: key prefixes whose tasks run for seconds, so that
-    newer pushes arrive while they run."""
+    newer pushes arrive while they run; ``paired``: keys pushed twice in every burst."""
 
     marks: Path
     regressions: tuple[str, ...] = ()
     flaky: tuple[str, ...] = ()
     flaky_share: float = 0.3
     slow: tuple[str, ...] = ()
+    #: keys pushed twice at once in every burst: an older task claimed by a worker while the
+    #: newer one's events overtake its own, as they do under load
+    paired: tuple[str, ...] = ()
 
     def command(self, fate: str, seconds: float) -> list[str]:
         ran = f': > "{self.marks}/ran/$TASK_ID.$RUN_ID"; sleep {seconds:g}'
@@ -174,8 +177,13 @@ class Pusher:
                 await self._create(http, key, BUILD_QUEUE)
 
     async def burst(self, n: int) -> None:
+        """``n`` pushes at once, and two on each paired key."""
+        pairs = [key for key in self.scenario.paired for _ in range(2)]
         async with httpx.AsyncClient(timeout=10) as http:
-            await asyncio.gather(*(self.push(http) for _ in range(n)))
+            await asyncio.gather(
+                *(self.push(http) for _ in range(n)),
+                *(self._create(http, key, BUILD_QUEUE) for key in pairs),
+            )
 
     def recent(self, key: str) -> str | None:
         for pushed in reversed(list(self.tasks.values())[-200:]):

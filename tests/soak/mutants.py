@@ -6,7 +6,7 @@ and the short soak run on the copy (first on ``PYTHONPATH``, so that every proce
 starts runs the bug) with a fixed seed; the mutant is *caught* when the soak reports at least
 one violation. The unmodified copy runs first and must report none, or a catch means nothing.
 
-    python -m tests.soak.mutants [--store redis|cluster] [--seed 1] [--only NAME,...] [--list]
+    python -m tests.soak.mutants [--store redis|cluster] [--seed 1179] [--only NAME,...] [--list]
 
 ``make soak-check`` runs it (through ``scripts/with_services.py``); it prints the table of
 results and exits 1 when a mutant escaped or the unmodified soak failed. Soaks run one at a
@@ -28,6 +28,9 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the faults' seed: the 60 s soak of ``make test``'s (tests/integration/test_soak.py), whose
+#: faults hit the store as well as the processes and the broker
+SEED = 1179
 #: not copied to the scratch directory
 IGNORED = (".git", ".venv*", "build", "site", "__pycache__", "*.pyc", ".*_cache", "soak-report-*")
 
@@ -48,6 +51,8 @@ class Mutant:
     bug: str  # what a user would see
     catches: str  # the invariant meant to catch it
     edits: tuple[Edit, ...]
+    #: the soak's duration for this bug, when the short soak's is too short to see it surely
+    duration: float | None = None
 
 
 _LW_PRIMARY = """\
@@ -166,6 +171,10 @@ MUTANTS = (
                 "                events.append(event)",
             ),
         ),
+        # Only a lost resolution leaves a trace (a later event of the task makes up for a lost
+        # pending or running one): about 1 event in 2 here, so 60 s (some 1,300 events) find
+        # 3 on average and miss them all about once in 25 runs; 120 s, once in 600.
+        duration=120.0,
     ),
     Mutant(
         "enforcer-cancels-running",
@@ -238,16 +247,12 @@ MUTANTS = (
         "`serve` leaks about 100 KB per query",
         "memory flat",
         (
-            Edit(
+            Edit("coalescer/web/api.py", "\ndef parse(", "\n_LEAK = []\n\n\ndef parse("),
+            Edit(  # every superseding query, on the server's fast path or not, is parsed here
                 "coalescer/web/api.py",
-                "\nclass KeyEndpoint:\n",
-                "\n_LEAK = []\n\n\nclass KeyEndpoint:\n",
-            ),
-            Edit(
-                "coalescer/web/api.py",
-                '        state = scope["app"].state\n        query = parse(',
-                '        _LEAK.append(b"x" * 100_000)\n'
-                '        state = scope["app"].state\n        query = parse(',
+                "    started = time.perf_counter()\n    params = _query(query_string)\n",
+                '    _LEAK.append(b"x" * 100_000)\n'
+                "    started = time.perf_counter()\n    params = _query(query_string)\n",
             ),
         ),
     ),
@@ -287,11 +292,13 @@ class Outcome:
         return self.violations > 0
 
 
-def soak(root: Path, report: Path, args: argparse.Namespace) -> tuple[int, dict[str, int], str]:
+def soak(
+    root: Path, report: Path, args: argparse.Namespace, duration: float
+) -> tuple[int, dict[str, int], str]:
     """Run the short soak on the copy at ``root``: (violations, by invariant, error)."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     argv = [
-        sys.executable, "-m", "tests.soak", "--duration", str(args.duration),
+        sys.executable, "-m", "tests.soak", "--duration", str(duration),
         "--settle", str(args.settle), "--seed", str(args.seed), "--store", args.store,
         "--report", str(report),
     ]  # fmt: skip
@@ -299,7 +306,7 @@ def soak(root: Path, report: Path, args: argparse.Namespace) -> tuple[int, dict[
         try:
             done = subprocess.run(
                 argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                timeout=args.duration + args.settle + 400,
+                timeout=duration + args.settle + 400,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             return 0, {}, "the soak timed out"
@@ -320,7 +327,9 @@ def run_one(name: str, bug: str, mutant: Mutant | None, args: argparse.Namespace
             apply(root, mutant)
         report = args.report / name
         shutil.rmtree(report, ignore_errors=True)
-        violations, by, error = soak(root, report, args)
+        duration = (mutant and mutant.duration) or args.duration
+        violations, by, error = soak(root, report, args, duration)
+    bug = bug if duration == args.duration else f"{bug} ({duration:g} s soak)"
     return Outcome(name, bug, violations, by, time.time() - started, error)
 
 
@@ -344,7 +353,7 @@ def table(outcomes: list[Outcome], args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.soak.mutants", description=__doc__)
     parser.add_argument("--store", choices=("redis", "cluster"), default="redis")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--settle", type=float, default=25.0)
     parser.add_argument("--only", default="", help="these mutants only (comma-separated)")

@@ -48,6 +48,9 @@ KEYS = (
     + [f"sr.{i}" for i in range(2)]
     + [f"bi.{i}" for i in range(2)]
 )
+#: the keys pushes are drawn from: the ``sr.*`` ones three times as often, so that newer pushes
+#: often arrive while an older one runs
+PUSHED = KEYS + [f"sr.{i}" for i in range(2)] * 2
 #: regressions injected (each begins a quarter into the run), and flaky keys
 REGRESSIONS, FLAKY = ("k7", "bi.0"), ("k13", "bi.1")
 #: the faults after which the index may have lost what it had applied
@@ -109,7 +112,8 @@ class Soak:
         marks = config.report_dir.resolve() / "marks"
         for sub in ("ran", "flaky"):
             (marks / sub).mkdir(parents=True, exist_ok=True)
-        self.scenario = Scenario(marks, REGRESSIONS, FLAKY, slow=("sr.",))
+        paired = tuple(k for k in KEYS if k.startswith("lw."))
+        self.scenario = Scenario(marks, REGRESSIONS, FLAKY, slow=("sr.",), paired=paired)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {
@@ -223,7 +227,7 @@ class Soak:
 
     async def _soak(self) -> None:
         config = self.config
-        self.pusher = Pusher(self.root, self.service, self.prefix, KEYS, self.rng, self.scenario)
+        self.pusher = Pusher(self.root, self.service, self.prefix, PUSHED, self.rng, self.scenario)
         self.prober = Prober(self.service, self.pusher, random.Random(config.seed + 1))
         killable = ["serve", "listen-1", "listen-2", "enforce-1", "enforce-2"]
         self.faults = Faults(

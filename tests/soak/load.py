@@ -105,7 +105,7 @@ class Pusher:
         self, key: str, queue: str, rank: int, deps: tuple[str, ...], fate: str = "pass"
     ) -> dict[str, Any]:
         slow = key.startswith(self.scenario.slow) if self.scenario.slow else False
-        seconds = self.rng.choice((2.0, 4.0, 8.0) if slow else (0.2, 0.4, 0.8, 1.5))
+        seconds = self.rng.choice((3.0, 6.0, 10.0) if slow else (0.2, 0.4, 0.8, 1.5))
         body: dict[str, Any] = {
             "taskQueueId": queue,
             "created": taskcluster.fromNowJSON("0 seconds"),

@@ -31,7 +31,7 @@ from tests.tcp_proxy import TcpProxy
 
 TOKEN = "soak-ingest-token"
 #: ``lw.*``: latest-wins, running tasks left alone; ``sr.*``: running ones canceled too, unless
-#: they ran over 3 s (their tasks run for seconds); ``bi.*``: a failed primary's victims
+#: they ran over 3 s (their tasks run 3 to 10 s); ``bi.*``: a failed primary's victims
 #: bisected by the enforcer. The other keys are on-claim: the workers bisect (their
 #: ``--on-primary-failure bisect``).
 POLICY = """\
@@ -48,9 +48,10 @@ KEYS = (
     + [f"sr.{i}" for i in range(2)]
     + [f"bi.{i}" for i in range(2)]
 )
-#: the keys pushes are drawn from: the ``sr.*`` ones three times as often, so that newer pushes
-#: often arrive while an older one runs
-PUSHED = KEYS + [f"sr.{i}" for i in range(2)] * 2
+#: the keys pushes are drawn from: the ``sr.*`` ones twice as often (a push every 4 s or so on
+#: each, its tasks running 3 to 10 s), so that newer pushes meet running ones both before and
+#: after the protection's 3 s
+PUSHED = KEYS + [f"sr.{i}" for i in range(2)]
 #: regressions injected (each begins a quarter into the run), and flaky keys
 REGRESSIONS, FLAKY = ("k7", "bi.0"), ("k13", "bi.1")
 #: the faults after which the index may have lost what it had applied

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -15,8 +17,14 @@ import httpx
 from tests.soak.load import Pushed
 
 RESOLUTIONS = ("task-completed", "task-failed", "task-exception")
-#: memory is flat when the last third's median RSS is at most this much above the first third's
-MEMORY_RATIO, MEMORY_SLACK = 1.25, 16 * 2**20
+#: memory is flat when, after each life's warm-up, it grows by at most MEMORY_SLOPE a minute
+#: (the median slope of every pair of samples within one life: a leak's steady climb weighs, the
+#: few steps of an allocator's arenas little) or, at that slope, by at most MEMORY_GROWTH over
+#: the longest life watched after warm-up (a step in a short life is not a slope)
+MEMORY_WARMUP_S, MEMORY_SLOPE, MEMORY_GROWTH = 20.0, 8 * 2**20, 16 * 2**20
+#: a canceled run may have run this much longer than its rule protects: the enforcer checks the
+#: protection, then uploads an artifact and cancels
+PROTECT_SLACK_MS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +107,9 @@ async def _told(queue: Queue) -> dict[tuple[str, int], list[tuple[str, str | Non
     return told
 
 
-async def check_queue(queue: Queue, tasks: Mapping[str, Pushed], findings: Findings) -> None:
+async def check_queue(
+    queue: Queue, tasks: Mapping[str, Pushed], findings: Findings
+) -> dict[str, dict[str, Any]]:
     """The queue's state is the truth: each run is resolved once, as its status says, and its
     resolution published. A resolution message may be published more than once (the queue
     publishes again on a repeated cancelTask or report, and Pulse delivers at least once): a
@@ -149,6 +159,7 @@ async def check_queue(queue: Queue, tasks: Mapping[str, Pushed], findings: Findi
     findings.counts["resolutions published again, e.g."] = again
     await _check_superseding(queue, tasks, statuses, findings)
     _check_dependents(tasks, statuses, findings)
+    return statuses
 
 
 async def _check_superseding(
@@ -176,7 +187,8 @@ async def _check_superseding(
             winner = tasks.get(by["taskId"])
             if winner is None or winner.key != me.key:
                 findings.add("winner of the same key", f"{where} superseded by {by}")
-            elif winner.rank <= me.rank:
+            elif winner.rank <= me.rank and not winner.fate == me.fate == "broken":
+                # a bisection's culprit stands for the newer pushes, which fail as it does
                 findings.add(
                     "only newer supersedes older",
                     f"{where} superseded by older {by['taskId']} (push {winner.rank})",
@@ -250,28 +262,235 @@ def check_dead_letters(bodies: list[bytes], sent_invalid: int, findings: Finding
 
 
 def check_memory(samples: list[tuple[float, str, int, int]], findings: Findings) -> dict[str, int]:
-    """Per process lifetime (name, pid) with enough samples: the last third's median RSS against
-    the first third's (after a warm-up tenth). Returns the peak RSS by name."""
-    by_life: dict[tuple[str, int], list[int]] = {}
+    """Per process name, over the whole run: the median of the slopes between every two samples
+    of one life (name, pid) taken after that life's warm-up, against :data:`MEMORY_SLOPE` and
+    :data:`MEMORY_GROWTH`. A process SIGKILLed every few minutes still shows a leak: each life
+    climbs. Returns the peak RSS by name; the slopes go in the counts (MiB a minute)."""
+    lives: dict[tuple[str, int], list[tuple[float, int]]] = {}
     peak: dict[str, int] = {}
-    for _, name, pid, rss in samples:
+    for at, name, pid, rss in samples:
         if rss:
-            by_life.setdefault((name, pid), []).append(rss)
+            lives.setdefault((name, pid), []).append((at, rss))
             peak[name] = max(peak.get(name, 0), rss)
-    longest = max((len(v) for v in by_life.values()), default=0)
-    for (name, pid), series in by_life.items():
-        if len(series) < max(9, longest // 2):
-            continue  # a short life (restarted after a kill): too little to judge
-        series = series[len(series) // 10 :]
-        third = len(series) // 3
-        first, last = statistics.median(series[:third]), statistics.median(series[-third:])
-        if last > first * MEMORY_RATIO + MEMORY_SLACK:
+    slopes: dict[str, list[float]] = {}
+    watched: dict[str, float] = {}  # the longest life after warm-up, in seconds
+    for (name, _), life in lives.items():
+        born = life[0][0]
+        warm = [(t, rss) for t, rss in life if t - born >= MEMORY_WARMUP_S]
+        if warm:
+            watched[name] = max(watched.get(name, 0.0), warm[-1][0] - warm[0][0])
+        pairs = slopes.setdefault(name, [])
+        for i, (t0, r0) in enumerate(warm):
+            pairs.extend((r1 - r0) / (t1 - t0) * 60 for t1, r1 in warm[i + 1 :] if t1 > t0)
+    found: dict[str, float] = {}
+    for name, pairs in sorted(slopes.items()):
+        if len(pairs) < 10:
+            continue  # too little after warm-up to judge
+        slope = statistics.median(pairs)
+        found[name] = round(slope / 2**20, 2)
+        grown = slope * watched[name] / 60
+        if slope > MEMORY_SLOPE and grown > MEMORY_GROWTH:
             findings.add(
                 "memory flat",
-                f"{name} (pid {pid}) RSS {first / 2**20:.0f} MiB → "
-                f"{last / 2**20:.0f} MiB (first third → last third, medians)",
+                f"{name} grows {slope / 2**20:.1f} MiB a minute after warm-up (median slope "
+                f"over {len(pairs)} pairs of samples; at most {MEMORY_SLOPE / 2**20:.0f}), "
+                f"{grown / 2**20:.0f} MiB over its longest life watched ({watched[name]:.0f} s)",
             )
+    findings.counts["memory slope MiB/min"] = found
     return peak
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What the policy file lets the enforcer do to a key's running tasks."""
+
+    supersede_running: bool = False
+    protect_ms: int | None = None
+
+
+def check_cancels(
+    tasks: Mapping[str, Pushed],
+    statuses: Mapping[str, dict[str, Any]],
+    ran: set[tuple[str, int]],
+    rule_of: Callable[[str], Rule],
+    findings: Findings,
+) -> None:
+    """A run canceled after its command started (the soak's own mark says so, whoever claimed
+    it) is a running task canceled: only on a key whose rule has ``supersede-running``, and
+    never once it has run longer than ``protect-running-after``."""
+    canceled = 0
+    for task_id, pushed in tasks.items():
+        for run in statuses.get(task_id, {}).get("runs", []):
+            if run.get("reasonResolved") != "canceled" or (task_id, run["runId"]) not in ran:
+                continue
+            canceled += 1
+            rule = rule_of(pushed.key)
+            where = f"{task_id} ({pushed.key}, push {pushed.rank}) run {run['runId']}"
+            if not rule.supersede_running:
+                findings.add(
+                    "no running task canceled unless its rule allows it",
+                    f"{where} was canceled while its command ran; its rule has no "
+                    "supersede-running",
+                )
+                continue
+            if rule.protect_ms is None or not run.get("started") or not run.get("resolved"):
+                continue
+            ran_ms = _ms(run["resolved"]) - _ms(run["started"])
+            if ran_ms > rule.protect_ms + PROTECT_SLACK_MS:
+                findings.add(
+                    "no running task canceled unless its rule allows it",
+                    f"{where} was canceled after running {ran_ms / 1000:.1f} s; "
+                    f"protect-running-after is {rule.protect_ms / 1000:g} s",
+                )
+    findings.counts["running tasks canceled"] = canceled
+
+
+def check_completed_ran(
+    tasks: Mapping[str, Pushed],
+    statuses: Mapping[str, dict[str, Any]],
+    ran: set[tuple[str, int]],
+    findings: Findings,
+    *,
+    completed_named: bool = False,
+) -> None:
+    """A run that reads ``completed`` ran its command (the soak's own mark), unless the
+    configuration names ``completed`` for superseded runs: whatever artifacts it has or lacks."""
+    if completed_named:
+        return
+    for task_id, pushed in tasks.items():
+        for run in statuses.get(task_id, {}).get("runs", []):
+            if run["state"] == "completed" and (task_id, run["runId"]) not in ran:
+                findings.add(
+                    "no task that did not run reads completed",
+                    f"{task_id} ({pushed.key}, push {pushed.rank}) run {run['runId']} "
+                    "completed; its command never started",
+                )
+
+
+@dataclasses.dataclass(frozen=True)
+class Culprit:
+    """A culprit a search named: where (a process's log, the service), the task and the last
+    good task (None: none named)."""
+
+    source: str
+    task_id: str
+    last_good: str | None
+
+
+_LOCATED = re.compile(
+    r"culprit located: task (\S+) run \d+ is the first failing .*?; "
+    r"last good (?:task (\S+) run \d+|none)"
+)
+
+
+def culprits_in_log(source: str, text: str) -> list[Culprit]:
+    """The ``culprit located: ...`` lines of a worker's or an enforcer's log."""
+    return [Culprit(source, m[1], m[2]) for m in _LOCATED.finditer(text)]
+
+
+def culprits_in_lineage(task_id: str, body: Mapping[str, Any]) -> list[Culprit]:
+    """The findings ``GET /v1/tasks/<taskId>`` shows."""
+    found = []
+    for finding in body.get("bisection") or []:
+        culprit, good = finding.get("culprit"), finding.get("lastGood")
+        if culprit:
+            source = f"service ({finding.get('by')}, read on {task_id})"
+            found.append(Culprit(source, culprit["taskId"], good["taskId"] if good else None))
+    return found
+
+
+def check_culprits(
+    tasks: Mapping[str, Pushed], culprits: Iterable[Culprit], findings: Findings
+) -> None:
+    """Every culprit named is the push where the key's injected regression began (the oldest
+    ``broken`` push of the key): never a push that passes, never on a key with no regression
+    (a flaky one included). With a last good push named, the culprit is exactly that push (the
+    search had a pass below it), and the last good push passes. Without one, every push the
+    search held failed: the culprit is then its oldest, at or after the first failing push."""
+    began: dict[str, Pushed] = {}
+    for pushed in tasks.values():
+        if pushed.fate == "broken" and (
+            pushed.key not in began or pushed.rank < began[pushed.key].rank
+        ):
+            began[pushed.key] = pushed
+    named: Counter[str] = Counter()
+    seen: set[tuple[str, str | None]] = set()
+    for c in culprits:
+        if (c.task_id, c.last_good) in seen:
+            continue
+        seen.add((c.task_id, c.last_good))
+        me = tasks.get(c.task_id)
+        if me is None:
+            findings.add("every culprit is where the breakage began", f"{c}: not a soak task")
+            continue
+        named[me.key] += 1
+        where = f"{c.source} named {c.task_id} ({me.key}, push {me.rank}, {me.fate})"
+        first = began.get(me.key)
+        if first is None:
+            flaky = any(t.fate == "flaky" for t in tasks.values() if t.key == me.key)
+            findings.add(
+                f"no {'flaky' if flaky else 'passing'} key gets a culprit",
+                f"{where}; no regression was injected on {me.key}",
+            )
+            continue
+        good = tasks.get(c.last_good) if c.last_good else None
+        if me.fate != "broken" or (good is not None and me.task_id != first.task_id):
+            findings.add(
+                "every culprit is where the breakage began",
+                f"{where}; the breakage began at {first.task_id} (push {first.rank})"
+                + (f"; last good {good.task_id} (push {good.rank})" if good else ""),
+            )
+        elif good is not None and good.fate == "broken":
+            findings.add(
+                "every culprit is where the breakage began",
+                f"{where}; its last good {good.task_id} (push {good.rank}) is broken",
+            )
+    findings.counts["culprits named, by key"] = dict(named)
+    findings.counts["regressions injected at"] = {k: p.rank for k, p in sorted(began.items())}
+
+
+def check_index(
+    tasks: Mapping[str, Pushed],
+    statuses: Mapping[str, dict[str, Any]],
+    index: Mapping[str, Mapping[str, tuple[int, str]]],
+    since: float,
+    findings: Findings,
+) -> None:
+    """Every event acknowledged was applied: per key, every task created after ``since`` (the
+    last time the index was lost) that has a run is in the index, at the queue's newest run
+    and state. Counted per key against the queue, so that one lost event in hundreds shows."""
+    checked = 0
+    for key in sorted({p.key for p in tasks.values()}):
+        ours = [
+            p
+            for p in tasks.values()
+            if p.key == key and p.created > since and statuses.get(p.task_id, {}).get("runs")
+        ]
+        held = index.get(key, {})
+        missing, stale = [], []
+        for p in ours:
+            last = statuses[p.task_id]["runs"][-1]
+            truth = (last["runId"], last["state"])
+            got = held.get(p.task_id)
+            if got is None:
+                missing.append(p.task_id)
+            elif got != truth:
+                stale.append(
+                    f"{p.task_id} {got[1]} run {got[0]} (queue: {truth[1]} run {truth[0]})"
+                )
+        checked += len(ours)
+        if missing or stale:
+            findings.add(
+                "every event acknowledged was applied",
+                f"{key}: {len(ours)} tasks since the index was last lost, "
+                f"{len(ours) - len(missing) - len(stale)} as the queue has them; "
+                f"missing {missing[:5]}, stale {stale[:5]}",
+            )
+    findings.counts["tasks checked against the index"] = checked
+
+
+def _ms(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000
 
 
 def percentile(values: list[float], q: float) -> float | None:

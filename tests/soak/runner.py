@@ -20,17 +20,42 @@ import aio_pika
 import httpx
 
 from coalescer.ingest.topology import dead_letter_names
+from coalescer.store import open_store
 from tests.ports import free_port
 from tests.soak import checker, report
 from tests.soak.cast import Cast
 from tests.soak.faults import Faults
-from tests.soak.load import BUILD_QUEUE, TEST_QUEUE, Prober, Pusher
+from tests.soak.load import BUILD_QUEUE, TEST_QUEUE, Prober, Pusher, Scenario
 from tests.soak.stores import Cluster, OneRedis
 from tests.tcp_proxy import TcpProxy
 
 TOKEN = "soak-ingest-token"
-POLICY = "rules: [{keys: 'lw.*', strategy: latest-wins}]\n"
-KEYS = [f"k{i}" for i in range(20)] + [f"lw.{i}" for i in range(4)]
+#: ``lw.*``: latest-wins, running tasks left alone; ``sr.*``: running ones canceled too, unless
+#: they ran over 3 s (their tasks run 3 to 10 s); ``bi.*``: a failed primary's victims
+#: bisected by the enforcer. The other keys are on-claim: the workers bisect (their
+#: ``--on-primary-failure bisect``).
+POLICY = """\
+rules:
+  - {keys: 'lw.*', strategy: latest-wins}
+  - {keys: 'sr.*', strategy: latest-wins, supersede-running: true, protect-running-after: 3s}
+  - {keys: 'bi.*', strategy: latest-wins, on-primary-failure: bisect}
+"""
+#: what :data:`POLICY` lets the enforcer do to each key's running tasks, for the checker
+RULES = {"sr.": checker.Rule(supersede_running=True, protect_ms=3000)}
+KEYS = (
+    [f"k{i}" for i in range(20)]
+    + [f"lw.{i}" for i in range(4)]
+    + [f"sr.{i}" for i in range(2)]
+    + [f"bi.{i}" for i in range(2)]
+)
+#: the keys pushes are drawn from: the ``sr.*`` ones twice as often (a push every 4 s or so on
+#: each, its tasks running 3 to 10 s), so that newer pushes meet running ones both before and
+#: after the protection's 3 s
+PUSHED = KEYS + [f"sr.{i}" for i in range(2)]
+#: regressions injected (each begins a quarter into the run), and flaky keys
+REGRESSIONS, FLAKY = ("k7", "bi.0"), ("k13", "bi.1")
+#: the faults after which the index may have lost what it had applied
+INDEX_LOST = ("redis-restart-empty", "cluster-master-kill")
 WORKERS = [
     ("w-build-1", BUILD_QUEUE),
     ("w-build-2", BUILD_QUEUE),
@@ -38,6 +63,10 @@ WORKERS = [
     ("w-test-1", TEST_QUEUE),
 ]
 SAMPLED = ("serve", "listen-1", "listen-2", "enforce-1")
+
+
+def rule_of(key: str) -> checker.Rule:
+    return next((rule for prefix, rule in RULES.items() if key.startswith(prefix)), checker.Rule())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +110,11 @@ class Soak:
         self.bursts: list[tuple[float, float]] = []
         self.findings = checker.Findings()
         self.notes: list[str] = []
+        marks = config.report_dir.resolve() / "marks"
+        for sub in ("ran", "flaky"):
+            (marks / sub).mkdir(parents=True, exist_ok=True)
+        paired = tuple(k for k in KEYS if k.startswith("lw."))
+        self.scenario = Scenario(marks, REGRESSIONS, FLAKY, slow=("sr.",), paired=paired)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {
@@ -162,6 +196,8 @@ class Soak:
                     name,
                     "--superseder-allow",
                     f"{self.service}/",
+                    "--on-primary-failure",
+                    "bisect",
                 ],
                 env(),
             )
@@ -192,7 +228,7 @@ class Soak:
 
     async def _soak(self) -> None:
         config = self.config
-        self.pusher = Pusher(self.root, self.service, self.prefix, KEYS, self.rng)
+        self.pusher = Pusher(self.root, self.service, self.prefix, PUSHED, self.rng, self.scenario)
         self.prober = Prober(self.service, self.pusher, random.Random(config.seed + 1))
         killable = ["serve", "listen-1", "listen-2", "enforce-1", "enforce-2"]
         self.faults = Faults(
@@ -228,6 +264,7 @@ class Soak:
             asyncio.create_task(self._bursts(stop)),
             asyncio.create_task(self._sample(stop)),
             asyncio.create_task(self._watch(stop)),
+            asyncio.create_task(self._regressions(stop, self.t0 + config.duration / 4)),
         ]
         faults = asyncio.create_task(self.faults.run(until=end - min(10, config.duration / 6)))
         try:
@@ -252,13 +289,19 @@ class Soak:
             await self.pusher.burst(self.config.burst)
             self.bursts.append((start, time.time() + 3.0))
 
+    async def _regressions(self, stop: asyncio.Event, at: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, at - time.time()))
+            return
+        await asyncio.gather(*(self.pusher.regression(key) for key in REGRESSIONS))
+
     async def _sample(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             now = time.time()
             for name in SAMPLED:
                 self.samples.append((now, name, self.cast.pid(name), self.cast.rss(name)))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 2.0)
+                await asyncio.wait_for(stop.wait(), 1.0)
 
     async def _watch(self, stop: asyncio.Event) -> None:
         """A platform's restarts: a process that exits on its own is a violation, restarted."""
@@ -371,13 +414,48 @@ class Soak:
         async with httpx.AsyncClient(timeout=60) as http:
             queue = checker.Queue(http, self.root)
             await self._settle(queue)
-            await checker.check_queue(queue, self.pusher.tasks, findings)
+            tasks = self.pusher.tasks
+            statuses = await checker.check_queue(queue, tasks, findings)
+            ran = self.scenario.ran()
+            checker.check_cancels(tasks, statuses, ran, rule_of, findings)
+            checker.check_completed_ran(tasks, statuses, ran, findings)
+            checker.check_culprits(tasks, await self._culprits(http), findings)
+        lost = [f.end for f in self.faults.log if f.kind in INDEX_LOST]
+        checker.check_index(
+            tasks, statuses, await self._index(), max(lost, default=0.0) + 1.0, findings
+        )
         self._check_reconcile(await self._coalescer("reconcile", "--no-progress"))
         dead = await self._dead_letters()
         checker.check_dead_letters(dead, self.faults.sent.bad_pulse, findings)
         self.peak = checker.check_memory(self.samples, findings)
         findings.counts["events published"] = await self._published()
         await self.amqp.close()
+
+    async def _culprits(self, http: httpx.AsyncClient) -> list[checker.Culprit]:
+        """The culprits named in the workers' and enforcers' logs, and on the service's task
+        lineage of every task of a key with a regression or flaky tasks."""
+        found = []
+        for name in [n for n, _ in WORKERS] + ["enforce-1", "enforce-2"]:
+            found += checker.culprits_in_log(name, self.cast.output(name, 10**9))
+        watched = set(REGRESSIONS + FLAKY)
+        for task_id, pushed in self.pusher.tasks.items():
+            if pushed.key in watched:
+                r = await http.get(f"{self.service}/v1/tasks/{task_id}")
+                if r.status_code == 200:
+                    found += checker.culprits_in_lineage(task_id, r.json())
+        return found
+
+    async def _index(self) -> dict[str, dict[str, tuple[int, str]]]:
+        """What the index holds for each soak key: taskId → (runId, state)."""
+        store = await open_store(self.store.url, grace_seconds=3600, query_timeout=30)
+        try:
+            keys = {p.key for p in self.pusher.tasks.values()}
+            return {
+                key: {t: (r.run_id, r.state) for t, r in (await store.all_known(key)).items()}
+                for key in sorted(keys)
+            }
+        finally:
+            await store.close()
 
     def _check_reconcile(self, out: str) -> None:
         found = re.search(

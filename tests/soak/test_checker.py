@@ -149,3 +149,109 @@ def test_memory_that_keeps_growing_is_found() -> None:
     peak = checker.check_memory(flat + growing, findings)
     assert [v.detail.split(" ")[0] for v in findings.violations] == ["listen-1"]
     assert peak == {"serve": 102 * mib, "listen-1": 176 * mib}
+
+
+def canceled(started: str, resolved: str) -> dict[str, Any]:
+    return {**run("exception", "canceled"), "started": started, "resolved": resolved}
+
+
+def test_a_running_task_canceled_without_its_rule_allowing_it_is_found() -> None:
+    tasks = {
+        "lw": Pushed("lw", "lw.0", 1, 0.0),
+        "sr": Pushed("sr", "sr.0", 2, 0.0),
+        "old": Pushed("old", "sr.0", 3, 0.0),
+        "held": Pushed("held", "lw.0", 4, 0.0),
+    }
+    statuses = {
+        "lw": status(canceled("2030-01-01T00:00:00.000Z", "2030-01-01T00:00:01.000Z")),
+        "sr": status(canceled("2030-01-01T00:00:00.000Z", "2030-01-01T00:00:02.000Z")),
+        "old": status(canceled("2030-01-01T00:00:00.000Z", "2030-01-01T00:00:09.000Z")),
+        "held": status(canceled("2030-01-01T00:00:00.000Z", "2030-01-01T00:00:09.000Z")),
+    }
+    ran = {("lw", 0), ("sr", 0), ("old", 0)}  # "held" never ran: a secondary superseded
+
+    def rule_of(key: str) -> checker.Rule:
+        return checker.Rule(True, 3000) if key.startswith("sr.") else checker.Rule()
+
+    findings = checker.Findings()
+    checker.check_cancels(tasks, statuses, ran, rule_of, findings)
+    assert [v.detail.split(" ")[0] for v in findings.violations] == ["lw", "old"]
+    assert findings.counts["running tasks canceled"] == 3
+
+
+def test_a_completed_run_whose_command_never_started_is_found() -> None:
+    statuses, _, _ = good()
+    findings = checker.Findings()
+    checker.check_completed_ran(TASKS, statuses, {("new", 0)}, findings)
+    assert findings.violations == []
+    checker.check_completed_ran(TASKS, statuses, set(), findings)
+    assert [v.invariant for v in findings.violations] == [
+        "no task that did not run reads completed"
+    ]
+    findings = checker.Findings()
+    checker.check_completed_ran(TASKS, statuses, set(), findings, completed_named=True)
+    assert findings.violations == []
+
+
+def test_culprits_other_than_where_the_breakage_began_are_found() -> None:
+    tasks = {
+        "p1": Pushed("p1", "k", 1, 0.0),
+        "p2": Pushed("p2", "k", 2, 0.0),
+        "b3": Pushed("b3", "k", 3, 0.0, fate="broken"),
+        "b4": Pushed("b4", "k", 4, 0.0, fate="broken"),
+        "f5": Pushed("f5", "f", 5, 0.0, fate="flaky"),
+    }
+    log = (
+        "INFO culprit located: task b3 run 0 is the first failing of 3 tasks held by <Claim "
+        "b4/0>; last good task p2 run 0; 2 extra runs, 0 intermittent\n"
+        "INFO culprit located: task b4 run 1 is the first failing of 2 tasks held by x; "
+        "last good none; 1 extra runs, 0 intermittent\n"
+    )
+    right = checker.culprits_in_log("w", log)
+    assert [(c.task_id, c.last_good) for c in right] == [("b3", "p2"), ("b4", None)]
+    findings = checker.Findings()
+    checker.check_culprits(tasks, right, findings)
+    assert findings.violations == []
+    assert findings.counts["culprits named, by key"] == {"k": 2}
+
+    wrong = [
+        checker.Culprit("w", "p2", "p1"),  # the last good push named instead
+        checker.Culprit("w", "b4", "p2"),  # a pass below it, yet not the first failing
+        checker.Culprit("w", "b4", "b3"),  # a failing push as the last good
+        *checker.culprits_in_lineage(
+            "f5", {"bisection": [{"by": "enforcer", "culprit": {"taskId": "f5"}}]}
+        ),
+    ]
+    checker.check_culprits(tasks, wrong, findings)
+    assert [v.invariant for v in findings.violations] == [
+        "every culprit is where the breakage began",
+        "every culprit is where the breakage began",
+        "every culprit is where the breakage began",
+        "no flaky key gets a culprit",
+    ]
+
+
+def test_an_event_lost_after_the_index_was_last_lost_is_found() -> None:
+    tasks = {
+        "before": Pushed("before", "k", 1, 10.0),
+        "a": Pushed("a", "k", 2, 30.0),
+        "b": Pushed("b", "k", 3, 31.0),
+        "c": Pushed("c", "k", 4, 32.0),
+        "unscheduled": Pushed("unscheduled", "dep.k", 5, 33.0, ("a",)),
+    }
+    statuses = {
+        "before": status(run("completed", "completed")),
+        "a": status(run("completed", "completed")),
+        "b": status(run("exception", "canceled")),
+        "c": status(run("failed", "failed"), run("completed", "completed")),
+        "unscheduled": status(),
+    }
+    index = {"k": {"a": (0, "completed"), "b": (0, "exception"), "c": (1, "completed")}}
+    findings = checker.Findings()
+    checker.check_index(tasks, statuses, index, 20.0, findings)
+    assert findings.violations == []
+    assert findings.counts["tasks checked against the index"] == 3
+    index = {"k": {"a": (0, "running"), "c": (1, "completed")}}
+    checker.check_index(tasks, statuses, index, 20.0, findings)
+    assert [v.invariant for v in findings.violations] == ["every event acknowledged was applied"]
+    assert "missing ['b']" in findings.violations[0].detail

@@ -319,7 +319,9 @@ _TOKEN = re.compile(r"([0-9]{1,15})\.([A-Za-z0-9_-]{22})")
 
 
 def _cursor(token: str | None) -> bisections.Cursor | None:
-    if token is None or token == "":
+    """Where a page starts: None for the first (no token); an empty or malformed token is bad
+    input, as the schema's pattern says."""
+    if token is None:
         return None
     match = _TOKEN.fullmatch(token)
     if match is None:

@@ -65,7 +65,7 @@ _LW_PRIMARY = """\
     end
   else
 """
-_CANCEL = 'await self.cancel(entry, got) if entry.supersede_running else Result("missed")'
+_CANCEL = "await self.cancel(entry, got) if entry.supersede_running else missed(got)"
 _COMPLETED = """\
         if self.mode is SupersedeAs.COMPLETED:
             done = Resolution("completed", "--resolve-superseded-as completed")
@@ -237,8 +237,8 @@ MUTANTS = (
         (
             Edit(
                 "coalescer/bisection.py",
-                "        search = cls(n=n, confirm=confirm, bad=n)\n",
-                "        confirm = 0\n        search = cls(n=n, confirm=confirm, bad=n)\n",
+                "        search = cls(\n            n=n, confirm=confirm,",
+                "        confirm = 0\n        search = cls(\n            n=n, confirm=confirm,",
             ),
         ),
     ),

@@ -377,6 +377,7 @@ async def test_a_keys_findings_are_listed_newest_first_a_page_at_a_time(
         ({"key": "k", "limit": "201"}, "'limit'"),
         ({"key": "k", "limit": "²"}, "'limit'"),
         ({"key": "k", "continuationToken": "nope"}, "'continuationToken'"),
+        ({"key": "k", "continuationToken": ""}, "'continuationToken'"),  # the fuzzing's find
     ],
 )
 async def test_a_bad_listing_request_is_a_400(

@@ -336,8 +336,8 @@ async def list_bisections(request: Request) -> Response:
     newest first, a page at a time (no token needed: the key pages show them too)."""
     params = request.query_params
     key = model.check_key(params.get("key", ""))
-    raw_limit = params.get("limit", "")
-    if raw_limit == "":
+    raw_limit = params.get("limit")
+    if raw_limit is None:
         limit = PAGE
     elif raw_limit.isascii() and raw_limit.isdigit() and 1 <= int(raw_limit[:6]) <= MAX_PAGE:
         limit = int(raw_limit)

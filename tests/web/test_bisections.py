@@ -376,6 +376,7 @@ async def test_a_keys_findings_are_listed_newest_first_a_page_at_a_time(
         ({"key": "k", "limit": "0"}, "'limit' must be a whole number from 1 to 200"),
         ({"key": "k", "limit": "201"}, "'limit'"),
         ({"key": "k", "limit": "²"}, "'limit'"),
+        ({"key": "k", "limit": ""}, "'limit'"),  # the fuzzing's find
         ({"key": "k", "continuationToken": "nope"}, "'continuationToken'"),
         ({"key": "k", "continuationToken": ""}, "'continuationToken'"),  # the fuzzing's find
     ],

@@ -11,8 +11,9 @@ from __future__ import annotations
 import enum
 import functools
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from coalescer.errors import InvalidInput
 
@@ -152,6 +153,20 @@ def _keys_of_routes(routes: tuple[str, ...], prefix: str) -> tuple[str, ...]:
             if key and len(key) <= MAX_KEY_LENGTH and KEY_RE.fullmatch(key):
                 found[key] = None
     return tuple(found)
+
+
+def rank_order(tags: Mapping[str, Any], rank_tag: str) -> float:
+    """A task's order from its tag ``rank_tag`` (``COALESCER_RANK_TAG``)."""
+    raw: Any = tags.get(rank_tag)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise InvalidInput(
+            f"task tag {rank_tag!r} (COALESCER_RANK_TAG) is missing or not a number: {raw!r}"
+        ) from None
+    if not abs(value) < 2**53:
+        raise InvalidInput(f"task tag {rank_tag!r} is out of range: {raw!r}")
+    return value
 
 
 def passes_thresholds(

@@ -21,6 +21,7 @@ from coalescer.model import (
     TaskEvent,
     keys_from_routes,
     parse_time_ms,
+    rank_order,
 )
 
 EXCHANGE_PREFIX = "exchange/taskcluster-queue/v1/"
@@ -193,15 +194,6 @@ def _run_time(run: Mapping[str, Any], field: str) -> int:
 
 def _order(tags: Mapping[str, Any], runs: list[Any], rank_tag: str | None, fallback: int) -> float:
     if rank_tag is not None:
-        raw: Any = tags.get(rank_tag)
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            raise InvalidInput(
-                f"task tag {rank_tag!r} (COALESCER_RANK_TAG) is missing or not a number: {raw!r}"
-            ) from None
-        if not abs(value) < 2**53:
-            raise InvalidInput(f"task tag {rank_tag!r} is out of range: {raw!r}")
-        return value
+        return rank_order(tags, rank_tag)
     # Tasks resolved before any run sort by deadline; they are never offered anyway.
     return float(parse_time_ms(runs[0]["scheduled"])) if runs else float(fallback)

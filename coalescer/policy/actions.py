@@ -10,6 +10,7 @@ shared by every enforcer process, so any of them can finish what another began.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -20,7 +21,8 @@ import httpx
 import orjson
 from taskcluster.exceptions import TaskclusterFailure
 
-from coalescer.model import parse_time_ms
+from coalescer.errors import InvalidInput
+from coalescer.model import keys_from_routes, parse_time_ms, rank_order
 from coalescer.store.lineage import Decision
 from coalescer.store.policy import Entry
 from coalescer.worker import notice
@@ -65,6 +67,19 @@ class Result:
     winner: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Relative:
+    """A task a bisection looks at through the task graph (a dependency, or a dependent): its
+    coalescing keys, its place in its first key's order (None when only its first run's
+    scheduled time would give it: none yet), its deadline (ms) and whether it has a run."""
+
+    task_id: str
+    keys: tuple[str, ...]
+    order: float | None
+    deadline_ms: int
+    ran: bool
+
+
 class QueueActions(Protocol):
     """What the enforcer needs to carry out decisions: :class:`Actions` on a real queue, or
     the replay's modelled queue (:mod:`coalescer.replay.enforcing`)."""
@@ -82,6 +97,10 @@ class QueueActions(Protocol):
     async def rerun(self, task_id: str, after_run: int) -> Result: ...
 
     async def prioritize(self, task_id: str) -> Result: ...
+
+    async def dependencies(self, task_id: str) -> list[Relative]: ...
+
+    async def dependents(self, task_id: str) -> list[Relative]: ...
 
 
 def definition_json(task: Mapping[str, Any]) -> str:
@@ -107,8 +126,11 @@ class Actions:
         public_url: str | None = None,
         clock: Clock = utcnow,
         reclaim_fraction: float = 1 / 3,
+        route_prefix: str = "coalesce.v1",
+        rank_tag: str | None = None,
     ) -> None:
         self.queue = queue
+        self.prefix, self.rank_tag = route_prefix, rank_tag
         self.conn = conn
         self.http = http
         self.me = {"workerGroup": worker_group, "workerId": worker_id}
@@ -244,11 +266,10 @@ class Actions:
         ``after_run`` (a bisection's): ``rerun`` once it has a newer run, whoever made it (a
         repeat calls nothing: idempotent), ``refused`` when the credentials lack the scope
         (``queue:rerun-task:<schedulerId>/<taskGroupId>/<taskId>``: 401, 403), ``gone`` when
-        the queue will not (409: past its deadline, or out of runs)."""
+        the queue will not (409: past its deadline, or out of runs). A task with no run yet
+        (its dependencies never completed) is scheduled so, whatever its dependencies."""
         run = await self._latest(task_id)
-        if run is None:
-            return Result("gone")
-        if int(run["runId"]) > after_run or run["state"] not in RESOLVED:
+        if run is not None and (int(run["runId"]) > after_run or run["state"] not in RESOLVED):
             return Result("rerun")
         try:
             await self.queue.rerunTask(task_id)
@@ -258,8 +279,33 @@ class Actions:
                 raise
             log.debug("rerunTask %s: HTTP %s: %s", task_id, status, exc)
             return Result("gone" if status == 409 else "refused")
-        log.info("%s runs again, to confirm the failure of its run %d", task_id, after_run)
+        log.info("%s runs again for a bisection, after its run %d", task_id, after_run)
         return Result("rerun")
+
+    async def dependencies(self, task_id: str) -> list[Relative]:
+        """The tasks ``task_id`` depends on (``task``, then each one's definition)."""
+        found = []
+        for dep in (await self.queue.task(task_id)).get("dependencies", []):
+            definition = await self.queue.task(dep)
+            runs = ((await self.queue.status(dep))["status"].get("runs")) or []
+            found.append(self._relative(dep, definition, bool(runs)))
+        return found
+
+    async def dependents(self, task_id: str) -> list[Relative]:
+        """The tasks that depend on ``task_id`` (``listDependentTasks``, paged)."""
+        return [
+            self._relative(item["status"]["taskId"], item["task"], bool(item["status"].get("runs")))
+            for item in await dependents(self.queue, task_id)
+        ]
+
+    def _relative(self, task_id: str, definition: Mapping[str, Any], ran: bool) -> Relative:
+        keys = keys_from_routes(definition.get("routes", []), self.prefix)
+        order = None
+        if keys and self.rank_tag is not None:
+            with contextlib.suppress(InvalidInput):
+                order = rank_order(definition.get("tags") or {}, self.rank_tag)
+        deadline = parse_time_ms(definition["deadline"]) if definition.get("deadline") else 0
+        return Relative(task_id, keys, order, deadline, ran)
 
     async def prioritize(self, task_id: str) -> Result:
         """Move an unresolved task to the front of its task queue (``changeTaskPriority`` to

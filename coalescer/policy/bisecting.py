@@ -80,6 +80,11 @@ log = logging.getLogger("coalescer.policy")
 MAX_STEPS = 64
 #: The key's findings its flake rate is estimated from (the newest).
 FLAKES = 50
+DAY_MS = 86_400_000
+#: Pushes of the gap a search adds at most to those the primary held (the newest first).
+MAX_GAP = 32
+#: Lineage states of a task superseded or canceled by a decision: a search may run it again.
+_ENDED_BY_DECISION = frozenset({"superseded", "canceled", "ran"})
 BY = "coalescer enforce"
 
 
@@ -171,8 +176,14 @@ class Searcher:
     async def _step(self, key: str, primary: str, raw: str) -> bool:
         doc = orjson.loads(raw)
         if "flake" not in doc:
-            # Once, before anything runs: the key's flake rate from what its searches saw.
+            # Once, before anything runs: the key's flake rate from what its searches saw, and
+            # the pushes of the gap the primary did not hold.
             doc["flake"] = verdicts.flake_rate(await bisections.recent(self.store, key, FLAKES))
+            await self._widen(key, primary, doc)
+            if not doc["victims"]:
+                # Nothing held, no gap: the failure is the push's own result; no search.
+                await self._searched(key, primary, doc)
+                return await self._write(key, primary, raw, None, [])
             return await self._write(key, primary, raw, doc, [])
         probes = _probes(doc)
         now = self.now_ms()
@@ -187,13 +198,21 @@ class Searcher:
             for i in range(len(doc["victims"]))
             if i not in search.ran and i not in search.dropped and i not in running
         ]
-        states = {}
+        gap = doc.get("gap", {})
+        states: dict[int, str | None] = {}
         for i in left:
+            if doc["victims"][i][0] in gap:
+                states[i] = "gap"  # resolved or never scheduled: nothing holds it
+                continue
             found = await records.decision(self.store, key, doc["victims"][i][0])
             states[i] = None if found is None else found.state
         # Out of the search: claims lost (the victim runs itself, or ran), deadlines too close.
-        gone = [i for i in left if states[i] != "bisecting"]
-        due = [i for i in left if states[i] == "bisecting" and doc["victims"][i][2] <= now + margin]
+        gone = [i for i in left if states[i] not in ("bisecting", "gap")]
+        due = [
+            i
+            for i in left
+            if states[i] in ("bisecting", "gap") and doc["victims"][i][2] <= now + margin
+        ]
         if gone or due:
             for i in gone + due:
                 search.drop(i)
@@ -209,6 +228,7 @@ class Searcher:
                     emit=True,
                 )
                 for i in due
+                if states[i] == "bisecting"
             ]
             if due:
                 log.warning(
@@ -228,6 +248,12 @@ class Searcher:
         victim, run, _ = doc["victims"][probe.index]
         doc["rounds"] = int(doc.get("rounds", 0)) + (not probes)
         probes.append({"i": probe.index, "run": run, "since": now, "attempt": 0})
+        if victim in gap:
+            if not await self._write(key, primary, raw, doc, []):
+                return True
+            if await self._run_gap(key, primary, doc, probe.index, run, now) == "out":
+                await self._result(key, primary, _dump(doc), doc, probe.index, run, 0, None, now)
+            return True
         move = outbox.Move(victim, "bisecting", "probing")
         if not await self._write(key, primary, raw, doc, [move]):
             return True  # taken meanwhile: look again
@@ -241,6 +267,171 @@ class Searcher:
             len(doc["victims"]),
         )
         return True
+
+    async def _widen(self, key: str, primary: str, doc: dict[str, Any]) -> None:
+        """Add to the search the pushes of the gap the primary did not hold: every task of the
+        key between the newest that passed and the primary that a decision superseded or
+        canceled, or that failed on its own, and, through the primary's dependencies, the
+        tasks never scheduled because a decision superseded their dependency (found with
+        ``listDependentTasks``; placed by their rank tag). Each is run again when probed,
+        after the dependencies it lacks (``doc["gap"]``: taskId -> ``[[dependency, its key,
+        its last run], ...]``). The newest :data:`MAX_GAP` at most."""
+        known = await self.store.all_known(key)
+        top = known.get(primary)
+        if top is None:
+            return
+        # Held by this search, or failed primaries of other searches (theirs to rerun).
+        held = {v[0] for v in doc["victims"]} | set(await outbox.searches(self.store, key))
+        passed = [r for r in known.values() if r.state == "completed" and r.order < top.order]
+        floor = max(passed, key=lambda r: (r.order, r.task_id)) if passed else None
+        low = float("-inf") if floor is None else floor.order
+        found: dict[str, tuple[float, int, int]] = {}  # taskId -> (order, run, deadline)
+        for r in known.values():
+            if r.task_id in held or not low < r.order < top.order:
+                continue
+            if r.state == "exception":
+                if not await self._ended_by_decision(key, r.task_id):
+                    continue  # ended by a person, or the queue: not the search's to run
+            elif r.state != "failed":
+                continue  # pending or running elsewhere: its own result will come
+            found[r.task_id] = (r.order, r.run_id, r.deadline_ms)
+        needs: dict[str, list[list[Any]]] = {}
+        for dep in await self.actions.dependencies(primary):
+            if not dep.keys:
+                continue
+            dkey = dep.keys[0]
+            dknown = await self.store.all_known(dkey)
+            mine = dknown.get(dep.task_id)
+            if mine is None:
+                continue
+            dlow = float("-inf")
+            if floor is not None:
+                for gdep in await self.actions.dependencies(floor.task_id):
+                    if gdep.keys[:1] == (dkey,) and gdep.task_id in dknown:
+                        dlow = dknown[gdep.task_id].order
+            older = sorted(
+                (b for b in dknown.values() if dlow < b.order < mine.order),
+                key=lambda b: (b.order, b.task_id),
+                reverse=True,
+            )
+            for b in older:
+                if len(found) >= MAX_GAP:
+                    break
+                if b.state == "completed":
+                    continue  # its dependents were scheduled: the key's index knows them
+                for t in await self.actions.dependents(b.task_id):
+                    if key not in t.keys or t.task_id in held:
+                        continue
+                    if t.task_id not in found:
+                        if t.ran or t.order is None or not low < t.order < top.order:
+                            continue  # ran, or cannot be placed without a rank tag
+                        found[t.task_id] = (t.order, -1, t.deadline_ms)
+                    needs.setdefault(t.task_id, []).append([b.task_id, dkey, b.run_id])
+        if not found:
+            return
+        newest = sorted(found, key=lambda t: (found[t][0], t), reverse=True)[:MAX_GAP]
+        rows = [[t, found[t][1], found[t][2]] for t in newest]
+
+        def place(row: list[Any]) -> tuple[float, str]:
+            at = found.get(row[0])
+            record = known.get(row[0])
+            order = at[0] if at else (record.order if record else float("-inf"))
+            return (order, str(row[0]))
+
+        doc["victims"] = sorted([*doc["victims"], *rows], key=place)
+        doc["gap"] = {t: needs.get(t, []) for t in newest}
+        log.info(
+            "bisection after %s: %d pushes of the gap beyond the %d it held run again if "
+            "probed (superseded, canceled or never scheduled earlier)",
+            primary,
+            len(newest),
+            len(doc["victims"]) - len(newest),
+        )
+
+    async def _run_gap(
+        self, key: str, primary: str, doc: Mapping[str, Any], i: int, run: int, now: int
+    ) -> str:
+        """Move push ``i`` of the gap toward a run of its own for the search: its
+        dependencies that did not complete run again first (each taken from its key's
+        decisions, and raised), then it runs again (``rerunTask``, which also schedules a task
+        that never was), raised. ``wait`` while that is under way; ``out`` when it cannot
+        run (a dependency failed, the queue refused, a decision is under way about it, or its
+        deadline comes first)."""
+        task_id, _, deadline = doc["victims"][i]
+        if deadline <= now + 2 * int(doc["longest"]):
+            return "out"
+        why = f"run again for the bisection after {primary} failed"
+        for dep, dkey, drun in doc["gap"][task_id]:
+            record = (await self.store.known(dkey, [dep])).get(dep)
+            state = "" if record is None else record.state
+            if state == "completed" and record is not None and record.run_id >= drun:
+                continue
+            if record is not None and record.run_id > drun:
+                return "out" if state in ("failed", "exception") else "wait"
+            under_way = state in ("pending", "running")
+            if state == "failed" or not (under_way or await self._ended_by_decision(dkey, dep)):
+                return "out"  # broken, or ended by a person or the queue: nothing to learn
+            # Taken from its key's decisions: its own run, or the one the search asks for.
+            if not await outbox.reserve(
+                self.store,
+                dkey,
+                dep,
+                run=drun + (not under_way),
+                by=primary,
+                rule=doc["rule"],
+                reason=why,
+                now_ms=now,
+                expire_ms=deadline,
+            ):
+                return "out"
+            if under_way:
+                return "wait"
+            done = await self.actions.rerun(dep, drun)
+            if done.state != "rerun":
+                return "out"
+            await self._raise(primary, dep)
+            return "wait"
+        if not await outbox.reserve(
+            self.store,
+            key,
+            task_id,
+            run=run + 1,
+            by=primary,
+            rule=doc["rule"],
+            reason=why,
+            now_ms=now,
+            expire_ms=deadline,
+        ):
+            return "out"
+        done = await self.actions.rerun(task_id, run)
+        if done.state != "rerun":
+            return "out"
+        await self._raise(primary, task_id)
+        log.info(
+            "bisection after %s: %s runs again (push %d of %d)",
+            primary,
+            task_id,
+            i + 1,
+            len(doc["victims"]),
+        )
+        return "wait"
+
+    async def _searched(self, key: str, primary: str, doc: Mapping[str, Any]) -> None:
+        """Mark the primary ``ran`` in its key's lineage before its search's record goes, so
+        that its failure, delivered again, starts no second search (``decide.lua``)."""
+        now = self.now_ms()
+        until = int(doc.get("deadline") or now) + DAY_MS  # past the index's own memory of it
+        common = {"by": primary, "rule": doc["rule"], "now_ms": now, "expire_ms": until}
+        run = int(doc["primaryRun"])
+        why = "its failure was searched"
+        await outbox.reserve(self.store, key, primary, run=run, reason=why, **common)
+        await outbox.reserve(self.store, key, primary, run=run, reason=why, undo=True, **common)
+
+    async def _ended_by_decision(self, key: str, task_id: str) -> bool:
+        """Whether a decision (superseded, canceled) ended ``task_id``'s run: a search may run
+        it again."""
+        decided = await records.decision(self.store, key, task_id)
+        return decided is not None and decided.state in _ENDED_BY_DECISION
 
     async def _confirm(
         self, key: str, primary: str, raw: str, doc: dict[str, Any], i: int, attempt: int, now: int
@@ -339,10 +530,24 @@ class Searcher:
         task_id, deadline = _task(doc, i), _deadline(doc, i)
         record = (await self.store.known(key, [task_id])).get(task_id)
         passed: bool | None
-        if record is None or (deadline is not None and now > deadline):
+        if record is None and task_id in doc.get("gap", {}) and not attempt:
+            # Never scheduled yet: its dependencies run again first.
+            if await self._run_gap(key, primary, doc, i, run, now) != "out":
+                return False
+            passed = None
+        elif record is None or (deadline is not None and now > deadline):
             passed = None  # forgotten, or past its deadline: no verdict
         elif record.run_id > run and record.state in ("completed", "failed"):
             passed = record.state == "completed"
+        elif task_id in doc.get("gap", {}) and not attempt:
+            if record.run_id > run and record.state == "exception":
+                passed = None  # no verdict on the code
+            elif record.run_id > run:
+                return False  # pending or running
+            elif await self._run_gap(key, primary, doc, i, run, now) == "out":
+                passed = None
+            else:
+                return False
         elif attempt:
             # A confirmation: its run is newer than the failed one.
             if record.run_id > run and record.state == "exception":
@@ -429,21 +634,35 @@ class Searcher:
             def order(i: int) -> float:
                 return known.get(_task(doc, i), (float("nan"), ""))[0]
 
-            against = contradicted(None if good is None else order(good), order(named), known)
+            # The pushes the search has a verdict for are its own; any other between the last
+            # good and the culprit (out of the search, or outside it) that did not pass
+            # leaves the culprit unsure.
+            ours = {_task(doc, i) for i in search.verdicts}
+            outside = {t: k for t, k in known.items() if t not in ours}
+            against = contradicted(None if good is None else order(good), order(named), outside)
+            against += [
+                _task(doc, i)
+                for i in sorted(search.dropped)
+                if (good is None or good < i)
+                and i < named
+                and known.get(_task(doc, i), (0.0, ""))[1] != "completed"
+                and _task(doc, i) not in against
+            ]
             if against:
                 verdict, named = Verdict.INCONCLUSIVE, None
                 log.info(
-                    "bisection after %s: %s ran outside the search, between the last good and "
-                    "the first failing push it found: inconclusive",
+                    "bisection after %s: %s did not pass, between the last good and the first "
+                    "failing push it found (out of the search, or outside it): inconclusive",
                     primary,
                     ", ".join(against[:5]),
                 )
         intermittent_primary = search.verdicts.get(n) is True
         moves: list[outbox.Move] = []
         stands_for: list[dict[str, Any]] = []
+        gap = doc.get("gap", {})
         for i, (victim, run, _) in enumerate(victims):
-            if i in search.ran or i in search.dropped:
-                continue
+            if i in search.ran or i in search.dropped or victim in gap:
+                continue  # a push of the gap that did not run is left as it was
             if i in stood:
                 by = ref(stood[i])
                 if stood[i] == culprit:
@@ -481,7 +700,8 @@ class Searcher:
             "key": key,
             "by": BY,
             "primary": ref(n, int(doc["primaryRun"])),
-            "held": n,
+            "held": n - len(gap),
+            "gap": len(gap),
             "verdict": str(verdict),
             "culprit": None if named is None else ref(named),
             "suspect": None if culprit is None or culprit == named else ref(culprit),
@@ -507,8 +727,23 @@ class Searcher:
             "located": format_time_ms(located),
         }
         await bisections.record(self.store, finding, located)
+        await self._searched(key, primary, doc)
         if not await self._write(key, primary, raw, None, moves):
             return True
+        for dep, dkey, _ in {(d, k, 0) for needs in gap.values() for d, k, _ in needs}:
+            # The dependencies the search ran again go back to their keys' decisions.
+            await outbox.reserve(
+                self.store,
+                dkey,
+                dep,
+                run=0,
+                by=primary,
+                rule=doc["rule"],
+                reason="",
+                now_ms=self.now_ms(),
+                expire_ms=0,
+                undo=True,
+            )
         observe.bisection_recorded(finding, "enforcer")
         if culprit is not None:
             named = finding["culprit"] or finding["suspect"]

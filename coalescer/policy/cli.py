@@ -158,6 +158,8 @@ async def _enforce_async(args: argparse.Namespace, settings: Settings) -> int:
             worker_id=args.worker_id,
             supersede_as=SupersedeAs(args.resolve_superseded_as),
             public_url=settings.public_url,
+            route_prefix=settings.route_prefix,
+            rank_tag=settings.rank_tag,
             consumer=args.consumer,
             lease_ms=int(args.lease * 1000),
             poll=args.poll,

@@ -86,7 +86,13 @@ class EmbeddedEnforcer:
         try:
             public_url = settings.public_url or f"http://{settings.host}:{settings.port}"
             async with connect(
-                store, root_url, creds, policy=settings.policy, public_url=public_url
+                store,
+                root_url,
+                creds,
+                policy=settings.policy,
+                public_url=public_url,
+                route_prefix=settings.route_prefix,
+                rank_tag=settings.rank_tag,
             ) as enforcer:
                 log.info(
                     "enforcing superseding decisions in this process (embedded store) on %s as %s",

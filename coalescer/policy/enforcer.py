@@ -77,6 +77,8 @@ async def connect(
     worker_id: str = "enforcer",
     supersede_as: SupersedeAs = SupersedeAs.AUTO,
     public_url: str | None = None,
+    route_prefix: str = "coalesce.v1",
+    rank_tag: str | None = None,
     consumer: str | None = None,
     lease_ms: int = 60_000,
     poll: float = 1.0,
@@ -101,6 +103,8 @@ async def connect(
             worker_id=worker_id,
             supersede_as=supersede_as,
             public_url=public_url,
+            route_prefix=route_prefix,
+            rank_tag=rank_tag,
         )
         yield Enforcer(
             store,

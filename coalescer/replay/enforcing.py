@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 import orjson
 
 from coalescer.model import parse_time_ms
-from coalescer.policy.actions import PROBE_PRIORITY, Result
+from coalescer.policy.actions import PROBE_PRIORITY, Relative, Result
 from coalescer.policy.enforcer import Enforcer
 from coalescer.replay import pool as model
 from coalescer.replay.history import priority_rank
@@ -51,11 +51,13 @@ CONSUMER = "replay"
 
 
 class PoolActions:
-    """:class:`coalescer.policy.actions.Actions` on the pool model, at the pool's clock."""
+    """:class:`coalescer.policy.actions.Actions` on the pool model, at the pool's clock; its
+    keys are the replayed configuration's (``namespace`` before each)."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str = "") -> None:
         self.pool: model.Pool | None = None
         self.now_ms = 0
+        self.namespace = namespace
 
     def _at(self, entry: Entry) -> tuple[model.Pool, int, int]:
         assert self.pool is not None, "PoolActions used outside Pool.run"
@@ -112,12 +114,29 @@ class PoolActions:
         assert self.pool is not None, "PoolActions used outside Pool.run"
         pool = self.pool
         i = pool.pos[task_id]
-        if pool.out.runs[i] - 1 > after_run or pool.out.state[i] not in model.RESOLVED:
+        waiting = pool.out.state[i] == model.State.WAITING
+        if pool.out.runs[i] - 1 > after_run or not (waiting or pool.out.state[i] in model.RESOLVED):
             return Result("rerun")
         if pool.tasks[i].deadline_ms <= self.now_ms:
             return Result("gone")
         pool.rerun(i, self.now_ms)
         return Result("rerun")
+
+    async def dependencies(self, task_id: str) -> list[Relative]:
+        assert self.pool is not None, "PoolActions used outside Pool.run"
+        pool = self.pool
+        deps = pool.tasks[pool.pos[task_id]].dependencies
+        return [self._relative(pool, pool.pos[d]) for d in deps if d in pool.pos]
+
+    async def dependents(self, task_id: str) -> list[Relative]:
+        assert self.pool is not None, "PoolActions used outside Pool.run"
+        pool = self.pool
+        return [self._relative(pool, d) for d in pool.dependents.get(pool.pos[task_id], ())]
+
+    def _relative(self, pool: model.Pool, i: int) -> Relative:
+        task = pool.tasks[i]
+        keys = tuple(self.namespace + k for k in task.keys)
+        return Relative(task.task_id, keys, task.order, task.deadline_ms, pool.out.runs[i] > 0)
 
     async def prioritize(self, task_id: str) -> Result:
         assert self.pool is not None, "PoolActions used outside Pool.run"
@@ -152,9 +171,9 @@ class PoolActions:
 class PoolEnforcer:
     """The enforcer's outbox consumer and bisections for one replayed configuration's keys."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, namespace: str = "") -> None:
         self.store = store
-        self.actions = PoolActions()
+        self.actions = PoolActions(namespace)
         self.enforcer = Enforcer(store, self.actions, consumer=CONSUMER, clock=self._clock)
         #: Keys whose outbox held entries when last looked at.
         self.busy: set[str] = set()

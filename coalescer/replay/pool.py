@@ -382,12 +382,14 @@ class Pool:
         self._rerun(i, now)
 
     def rerun(self, i: int, now: int) -> None:
-        """``rerunTask`` on a task that resolved with its own result (a bisection confirming
-        its failure): it is pending again in a new run, an extra one; it resolves again when
-        that run ends."""
-        self.progress(-1)
+        """``rerunTask`` for a bisection: a task that resolved (with its own result, or
+        superseded) is pending again in a new run, and resolves again when that run ends; one
+        never scheduled (a dependency did not complete) is scheduled, whatever its
+        dependencies. Either run is an extra one."""
+        if self.out.state[i] != State.WAITING:
+            self.progress(-1)
+            self.reran.add(i)
         self.after_failure.add(i)
-        self.reran.add(i)
         self._pending(now, i)
 
     def prioritize(self, i: int, priority: int) -> None:

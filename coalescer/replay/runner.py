@@ -247,7 +247,7 @@ class PolicyIndex(StoreIndex):
     def __init__(self, store: Store, namespace: str, config: Config) -> None:
         super().__init__(store, namespace, config)
         self.policy = _Namespaced(config.policy(), namespace)
-        self.enforcer = PoolEnforcer(store)
+        self.enforcer = PoolEnforcer(store, namespace)
 
     def asks(self, task: TaskSpec) -> bool:
         return not self.config.rule_for(task).decides

@@ -297,6 +297,30 @@ async def searches(store: Pipelining, key: str) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in raw.items()}
 
 
+async def reserve(
+    store: Pipelining,
+    key: str,
+    task_id: str,
+    *,
+    run: int,
+    by: str,
+    rule: str,
+    reason: str,
+    now_ms: int,
+    expire_ms: int,
+    undo: bool = False,
+) -> bool:
+    """Take ``task_id`` of ``key`` for the search after ``by``, which runs it again (its run
+    ``run`` is coming): ``probing``, hidden from decisions until the lineage expires at
+    ``expire_ms``. False while a decision about it is under way. With ``undo``, give it
+    back (``ran``): False when it was not the search's (see ``settle.lua``'s ``reserve``)."""
+    args = ["reserve", task_id, run, by, rule, reason, now_ms, expire_ms, int(undo)]
+    (raw,) = await store._pipeline(
+        lambda pipe: store._eval(pipe, "settle", keys.settled(key), *args)
+    )
+    return bool(int(raw[0]))
+
+
 async def search_step(
     store: Pipelining,
     key: str,

@@ -181,6 +181,13 @@ FINDING: dict[str, Any] = {
             "maximum": MAX_RUNS,
             "description": "runs beyond the primary's first",
         },
+        "gap": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_HELD,
+            "description": "pushes of the gap the search ran again, beyond those the primary "
+            "held: superseded or canceled earlier, or never scheduled (optional)",
+        },
         "located": _instant("when the search ended"),
     },
 }

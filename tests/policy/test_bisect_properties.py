@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, event, given, settings
 
 from coalescer.bisection import max_runs
 from coalescer.model import TaskEvent
-from coalescer.policy.actions import Result
+from coalescer.policy.actions import Relative, Result
 from coalescer.policy.enforcer import Enforcer
 from coalescer.store import Store, bisections, open_store
 from coalescer.store import lineage as records
@@ -141,6 +141,12 @@ class Queue:
             self.reruns.append(task_id)
             self._new_run(task_id)
         return Result("rerun")
+
+    async def dependencies(self, task_id: str) -> list[Relative]:
+        return []  # one key, no task graph
+
+    async def dependents(self, task_id: str) -> list[Relative]:
+        return []
 
     async def prioritize(self, task_id: str) -> Result:
         if self.state(task_id) != "pending":

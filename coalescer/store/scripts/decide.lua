@@ -173,11 +173,12 @@ local function release_decided(by)
   end
 end
 
--- A bisection (`hold` 2) over the victims held for `by`, whose run `cur` failed: every victim
--- held for it, down its chains, becomes `bisecting` (still held and renewed, in `h`), and the
--- search's record is written under `by` in `bs`, for the enforcer to carry on. Returns whether
--- there is one (false: nothing was held). A duplicate event finds it started, or finished (its
--- victims no longer held), and changes nothing. Task ids and rule names need no JSON escaping.
+-- A bisection (`hold` 2) after `by`, whose run `cur` failed: every victim held for it, down
+-- its chains, becomes `bisecting` (still held and renewed, in `h`), and the search's record is
+-- written under `by` in `bs`, for the enforcer to carry on, held victims or none (the enforcer
+-- adds the pushes of the gap that nothing held, or ends the search when there are none).
+-- Returns true. A duplicate event finds it started, or finished (its victims no longer held),
+-- and changes nothing. Task ids and rule names need no JSON escaping.
 local function start_search(by, cur, started_ms)
   if redis.call('HEXISTS', bs, by) == 1 then
     return true
@@ -204,9 +205,6 @@ local function start_search(by, cur, started_ms)
     end
   end
   gather(by, 0)
-  if #found == 0 then
-    return false
-  end
   table.sort(found, function(a, b)
     return a.order < b.order or (a.order == b.order and id_before(a.id, b.id))
   end)
@@ -257,7 +255,9 @@ if ev ~= '' then
       end
       redis.call('HDEL', rs, ev)
       local searched = false
-      if not hidden and bisect and cur.state == 'failed' then
+      local mine = victim(ev)
+      -- A run a search made (`ran`) is that search's: it starts none of its own.
+      if not hidden and bisect and cur.state == 'failed' and not (mine and mine.state == 'ran') then
         searched = start_search(ev, cur, st and tonumber(st))
       end
       if not hidden and not searched then

@@ -78,6 +78,48 @@ if ARGV[1] == 'search' then
   return {1}
 end
 
+-- With ARGV[1] 'reserve', a bisection takes a task of this key that it runs again (a push of
+-- its gap, superseded or canceled earlier, or one whose dependency it reruns):
+-- ARGV: 'reserve' taskId run by rule reason now expire_ms undo('1': give it back)
+-- The task becomes `probing` for `by` (the search's primary), so decide.lua hides its coming
+-- run from decisions; refused ({0}) while a decision about it is under way (held, decided,
+-- settling, another search's). With `undo`, a task still `probing` for `by` becomes `ran`.
+if ARGV[1] == 'reserve' then
+  local id, run, by, rrule, reason = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+  local now, expire, undo = ARGV[7], ARGV[8], ARGV[9] == '1'
+  local rec = redis.call('HGET', v, id)
+  local f = {}
+  if rec then
+    f = {string.match(rec, '^([-%d]+)|([^|]*)|([-%d]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)|(.*)$')}
+  end
+  local mine = f[6] == 'probing' and f[2] == by
+  if undo then
+    if not mine then
+      return {0}
+    end
+    f[6] = 'ran'
+    redis.call('HSET', v, id, table.concat(f, '|'))
+    redis.call('HINCRBY', m, f[5] .. '|ran', 1)
+    return {1}
+  end
+  if mine then
+    return {1}
+  end
+  local BUSY = {decided = true, settling = true, held = true, bisecting = true, probing = true}
+  if f[6] and BUSY[f[6]] then
+    return {0}
+  end
+  if f[2] and f[2] ~= '' then
+    redis.call('ZREM', vp, f[2] .. '|' .. id)
+  end
+  redis.call('HSET', v, id, table.concat(
+    {run, by, -1, now, rrule, 'probing', 'bisect', reason}, '|'))
+  redis.call('ZADD', vp, 0, by .. '|' .. id)
+  redis.call('ZADD', vx, expire, id)
+  redis.call('HINCRBY', m, rrule .. '|probing', 1)
+  return {1}
+end
+
 local entry, group, id, expected, new = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, due, rule, kind = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local started, definition, cascaded = tonumber(ARGV[10]), ARGV[11], ARGV[12]

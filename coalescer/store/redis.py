@@ -170,7 +170,7 @@ class Store:
         #: How large the index is, as this process last saw it, and what it refused.
         self.census = Census()
 
-    # -- plumbing -------------------------------------------------------------------------
+    # -- the seam: what the modules beside this one use (store/base.py) ---------------------
     async def load_scripts(self) -> None:
         async with self.admission.slot():
             await self._load_scripts()
@@ -186,7 +186,7 @@ class Store:
         except (redis.exceptions.RedisError, OSError) as exc:
             raise store_error(exc) from exc
 
-    async def _pipeline(
+    async def pipeline(
         self, fill: Callable[[Any], object], *, raise_on_error: bool = True
     ) -> list[Any]:
         """Run the commands ``fill`` queues in one round trip, reloading scripts once if Redis
@@ -221,8 +221,27 @@ class Store:
             return replies
         raise AssertionError("unreachable")
 
-    def _eval(self, pipe: Any, name: str, key_names: Sequence[str], *args: Any) -> None:
+    def eval(self, pipe: Any, name: str, key_names: Sequence[str], *args: Any) -> None:
+        """Queue on ``pipe`` (one :meth:`pipeline` is filling) a call of
+        ``scripts/<name>.lua`` with ``key_names`` as its KEYS and ``args`` as its ARGV."""
         pipe.evalsha(self._sha[name], len(key_names), *key_names, *args)
+
+    def send_in_order(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Awaitable[Any]] | None:
+        """Send script calls ``(name, key_names, args)`` on the lean connection without
+        waiting, each the reply it will have: Redis runs them in the order given, as one
+        connection's commands. ``None`` when there is no single lean connection (the embedded
+        store, a Cluster) or the scripts are not loaded yet: use :meth:`pipeline` then. A
+        reply fails with :class:`NoScript` or :class:`ReplyError` (redis-py's
+        :meth:`pipeline` reloads, or raises the real error) or :class:`StoreUnavailable`."""
+        if not isinstance(self.fast, PipelinedClient) or not self._loaded:
+            return None
+        fast = self.fast
+        return [
+            fast.execute("EVALSHA", self._sha[name], len(names), *names, *args)
+            for name, names, args in calls
+        ]
 
     async def ping(self) -> bool:
         async with self.admission.slot():
@@ -231,20 +250,20 @@ class Store:
     async def probe(self) -> None:
         """Write and read one small key: :class:`StoreUnavailable` unless Redis takes writes
         now (a full or read-only Redis still answers ``PING``)."""
-        await self._pipeline(lambda pipe: pipe.set(keys.PROBE, b"1", px=60_000))
+        await self.pipeline(lambda pipe: pipe.set(keys.PROBE, b"1", px=60_000))
 
     async def index_state(self, now_ms: int) -> IndexState:
         """The index's state marker (see ``marker.lua``), created as ``lost`` when missing."""
-        (raw,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "marker", (keys.INDEX_STATE,), now_ms)
+        (raw,) = await self.pipeline(
+            lambda pipe: self.eval(pipe, "marker", (keys.INDEX_STATE,), now_ms)
         )
         return IndexState.decode(raw)
 
     async def mark_rebuilt(self, now_ms: int, *, started_ms: int) -> IndexState:
         """Record a completed rebuild from the queue that started at ``started_ms``; it does not
         count when the store was found emptied after that."""
-        (raw,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "marker", (keys.INDEX_STATE,), now_ms, started_ms)
+        (raw,) = await self.pipeline(
+            lambda pipe: self.eval(pipe, "marker", (keys.INDEX_STATE,), now_ms, started_ms)
         )
         return IndexState.decode(raw)
 
@@ -333,7 +352,7 @@ class Store:
 
         def fill(pipe: Any) -> None:
             for (key, indexes), may_add in zip(calls, allotted, strict=True):
-                self._eval(
+                self.eval(
                     pipe,
                     "apply",
                     apply_keys(key),
@@ -350,7 +369,7 @@ class Store:
                     queue_decide(self, pipe, key, deciding[key], now, events[indexes[0]])
             if expiring:
                 triples = [a for k, e in expiring.items() for a in (k, e, int(admit[k]))]
-                self._eval(
+                self.eval(
                     pipe,
                     "list",
                     (keys.KEYS_INDEX, keys.KEYS_EXPIRY, keys.CENSUS),
@@ -458,7 +477,7 @@ class Store:
                 pipe.expire(keys.log(key), 7 * 86400)
             for key, rows in per_task.items():
                 args = [a for task_id, at_ms, record in rows for a in (task_id, at_ms, record)]
-                self._eval(
+                self.eval(
                     pipe,
                     "remember",
                     keys.answered(key),
@@ -475,13 +494,13 @@ class Store:
             await self._write(fill)
 
     async def _batch(self, fill: Callable[[Any], object]) -> list[Any]:
-        """:meth:`_pipeline` without raising on a command's error, for the ingest's batches:
+        """:meth:`pipeline` without raising on a command's error, for the ingest's batches:
         on the lean writer connection when there is one, where hiredis packs the commands and
         parses the replies (redis-py's Python packing and per-reply parsing cost more than Redis
         spends running a batch's scripts). A command's error is its reply; a lost script is
         loaded again and the whole batch run again (every command in it is idempotent)."""
         if self.writer is None:
-            return await self._pipeline(fill, raise_on_error=False)
+            return await self.pipeline(fill, raise_on_error=False)
         for attempt in (1, 2):
             if not self._loaded:
                 await self.load_scripts()
@@ -495,14 +514,14 @@ class Store:
         raise AssertionError("unreachable")
 
     async def _write(self, fill: Callable[[Any], object]) -> None:
-        """Run the commands ``fill`` queues in one round trip, as :meth:`_pipeline` does, for
+        """Run the commands ``fill`` queues in one round trip, as :meth:`pipeline` does, for
         background writes: over the lean writer connection when there is one (hiredis packs
         and parses; redis-py's pipeline cost a busy web process a fifth of its time at one
         batch of answers a second), else through redis-py. Commands Redis refused on the lean
         connection (a lost script, a full Redis) go again through redis-py, which reloads
         scripts and maps errors; the others are not repeated."""
         if self.writer is None or not self._loaded:
-            await self._pipeline(fill)
+            await self.pipeline(fill)
             return
         batch = _Commands()
         fill(batch)
@@ -513,7 +532,7 @@ class Store:
             if isinstance(reply, ReplyError | NoScript)
         ]
         if failed:
-            await self._pipeline(lambda pipe: [pipe.execute_command(*c) for c in failed])
+            await self.pipeline(lambda pipe: [pipe.execute_command(*c) for c in failed])
 
     # -- reads ------------------------------------------------------------------------------
     def snapshot_soon(
@@ -558,8 +577,8 @@ class Store:
         t, p, w, d, _ = keys.group(key)
         try:
             async with asyncio.timeout(self.query_timeout):
-                (raw,) = await self._pipeline(
-                    lambda pipe: self._eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
+                (raw,) = await self.pipeline(
+                    lambda pipe: self.eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
                 )
         except TimeoutError as exc:
             raise StoreUnavailable(
@@ -569,8 +588,8 @@ class Store:
 
     async def pending(self, key: str, *, now_ms: int, limit: int = 1000) -> list[views.TaskRecord]:
         """A key's pending tasks, oldest first, with what the index knows of each."""
-        (raw,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "inspect", keys.group(key)[:4], now_ms, limit)
+        (raw,) = await self.pipeline(
+            lambda pipe: self.eval(pipe, "inspect", keys.group(key)[:4], now_ms, limit)
         )
         items = [v.decode() if isinstance(v, bytes) else v for v in raw]
         return [
@@ -584,7 +603,7 @@ class Store:
         ids = list(task_ids)
         if not ids:
             return {}
-        (records,) = await self._pipeline(lambda pipe: pipe.hmget(keys.group(key)[0], ids))
+        (records,) = await self.pipeline(lambda pipe: pipe.hmget(keys.group(key)[0], ids))
         return {
             tid: views.parse_record(tid, rec.decode())
             for tid, rec in zip(ids, records, strict=True)
@@ -592,7 +611,7 @@ class Store:
         }
 
     async def all_known(self, key: str) -> dict[str, views.TaskRecord]:
-        (records,) = await self._pipeline(lambda pipe: pipe.hgetall(keys.group(key)[0]))
+        (records,) = await self.pipeline(lambda pipe: pipe.hgetall(keys.group(key)[0]))
         return {
             tid.decode(): views.parse_record(tid.decode(), rec.decode())
             for tid, rec in records.items()
@@ -600,13 +619,13 @@ class Store:
 
     async def history(self, key: str) -> list[list[str]]:
         """Recent answers and resolutions for ``key``, newest first, as split log entries."""
-        (raw,) = await self._pipeline(lambda pipe: pipe.lrange(keys.log(key), 0, LOG_LENGTH - 1))
+        (raw,) = await self.pipeline(lambda pipe: pipe.lrange(keys.log(key), 0, LOG_LENGTH - 1))
         return [entry.decode().split("|", 5) for entry in raw]
 
     async def keys(self, *, since_ms: int = 0) -> list[tuple[str, int]]:
         """Every known coalescing key with its last activity (ms), most recent first: O(keys),
         for the commands and the enforcer; the pages read pages of keys (:mod:`.keyset`)."""
-        (raw,) = await self._pipeline(
+        (raw,) = await self.pipeline(
             lambda pipe: pipe.zrevrangebyscore(keys.KEYS_INDEX, "+inf", since_ms, withscores=True)
         )
         return [(k.decode(), int(score)) for k, score in raw]
@@ -618,7 +637,7 @@ class Store:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         if not key_names:
             return {}
-        counts = await self._pipeline(
+        counts = await self.pipeline(
             lambda pipe: [pipe.zcount(keys.group(k)[3], f"({now}", "+inf") for k in key_names]
         )
         return dict(zip(key_names, map(int, counts), strict=True))
@@ -628,13 +647,13 @@ class Store:
         returns how many the index held."""
         if not task_ids:
             return 0
-        (held,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "forget", keys.group(key), *task_ids)
+        (held,) = await self.pipeline(
+            lambda pipe: self.eval(pipe, "forget", keys.group(key), *task_ids)
         )
         return int(held)
 
     async def stats(self) -> dict[str, str]:
-        (raw,) = await self._pipeline(lambda pipe: pipe.hgetall(keys.STATS))
+        (raw,) = await self.pipeline(lambda pipe: pipe.hgetall(keys.STATS))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
 

@@ -74,7 +74,7 @@ async def test_a_key_that_got_a_task_while_being_swept_is_kept(
 ) -> None:
     await store.apply([ev("A", "k", NOW)], now_ms=NOW)
     later = NOW + GRACE + 1
-    real = store._pipeline
+    real = store.pipeline
     calls = 0
 
     async def pipeline(fill: Callable[[Any], object], **options: Any) -> list[Any]:
@@ -86,7 +86,7 @@ async def test_a_key_that_got_a_task_while_being_swept_is_kept(
         return replies
 
     real_apply = store.apply
-    monkeypatch.setattr(store, "_pipeline", pipeline)
+    monkeypatch.setattr(store, "pipeline", pipeline)
     assert await stored.sweep(store, now_ms=later) == (0, 0)
     monkeypatch.undo()
     assert await store.keys() == [("k", later)]
@@ -230,7 +230,7 @@ async def raw_transport(store: Store, redis_url: str) -> AsyncIterator[None]:
     a connection each (up to two), so that one is built while Redis runs the other."""
     url = urlsplit(redis_url)
     free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
-    real = store._pipeline
+    real = store.pipeline
 
     async def send(
         conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], commands: list[tuple[Any, ...]]
@@ -271,11 +271,11 @@ async def raw_transport(store: Store, redis_url: str) -> AsyncIterator[None]:
             out.append(callback(reply, **options) if callback else reply)
         return out
 
-    store._pipeline = pipeline  # type: ignore[method-assign]
+    store.pipeline = pipeline  # type: ignore[method-assign]
     try:
         yield
     finally:
-        store._pipeline = real  # type: ignore[method-assign]
+        store.pipeline = real  # type: ignore[method-assign]
         while not free.empty():
             _, writer = free.get_nowait()
             writer.close()

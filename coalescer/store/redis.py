@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
@@ -323,35 +324,24 @@ class Store:
             for key in per_key:
                 if (args := policy.script_args(key)) is not None:
                     deciding[key] = list(args)
-        # One apply.lua call per (key, batch of its events), and where its reply lands.
+        # One apply.lua call per (key, batch of its events); a deciding key's decide.lua
+        # reply follows its apply.lua reply.
         calls = apply_calls(per_key, alone=deciding)
-        positions: list[int] = []
-        at = 0
-        for key, _ in calls:
-            positions.append(at)
-            at += 2 if key in deciding else 1
+        positions = list(
+            itertools.accumulate((2 if k in deciding else 1 for k, _ in calls), initial=0)
+        )
+        listed_at = positions.pop()  # then list.lua's, when there is a key to list
         # A key is known until the newest deadline plus grace of its tasks (keyset.py).
         expiring: dict[str, int] = {}
         for key, indexes in per_key.items():
             expires = keyset.expires_ms(max(events[i].deadline_ms for i in indexes), self.grace_ms)
             if expires > now:
                 expiring[key] = expires
-        # Within the limits, the first keys may be new, as many as there is room for (none
-        # when no task may be added: a new key holds one); every key may update what it holds.
-        census = self.census
-        budget = census.tasks_admitted(sum(map(len, per_key.values())), limits)
-        room = census.admitted(len(per_key), limits) if budget else 0
-        admit = {key: n < room for n, key in enumerate(per_key)}
-        # Each call may add as many new tasks as it has events, while the budget lasts.
-        allotted = []
-        left = budget
-        for _, indexes in calls:
-            allotted.append(min(len(indexes), left))
-            left -= allotted[-1]
-        added, refused = census.take_unsent()
+        held = self.census.reserve(len(per_key), [len(i) for _, i in calls], limits)
+        admit = {key: n < held.keys for n, key in enumerate(per_key)}
 
         def fill(pipe: Any) -> None:
-            for (key, indexes), may_add in zip(calls, allotted, strict=True):
+            for (key, indexes), may_add in zip(calls, held.per_call, strict=True):
                 self.eval(
                     pipe,
                     "apply",
@@ -374,8 +364,7 @@ class Store:
                     "list",
                     (keys.KEYS_INDEX, keys.KEYS_EXPIRY, keys.CENSUS),
                     now,
-                    added,
-                    refused,
+                    *held.unsent,
                     *(("", "") if limits is None else (limits.keys, limits.tasks)),
                     *triples,
                 )
@@ -385,42 +374,19 @@ class Store:
         try:
             replies = await self._batch(fill)
         except BaseException:
-            census.settle(room, budget, None, 0, unsent=(added, refused))
+            self.census.release(held, None, 0)
             raise
-        failed: set[int] = set()  # events with a key whose script did not run
-        errors = [store_error(r) for r in replies if isinstance(r, Exception)]
-        outcomes: list[Outcome] = ["ignored"] * len(events)
-        new_tasks = refused_keys = refused_tasks = 0
+        folded = _Folded(len(events))
         for (_key, indexes), j in zip(calls, positions, strict=True):
-            result = replies[j]
-            if isinstance(result, Exception):
-                failed.update(indexes)
-                continue
-            for i, raw in zip(indexes, result, strict=True):
-                got = raw.decode() if isinstance(raw, bytes) else str(raw)
-                if got == "added":
-                    got = "applied"
-                    new_tasks += 1
-                elif got == "limited":
-                    refused_tasks += 1
-                elif got == "limited-key":
-                    got = "limited"
-                    refused_keys += 1
-                if _PRECEDENCE[got] > _PRECEDENCE[outcomes[i]]:
-                    outcomes[i] = cast(Outcome, got)
-        listed = replies[at] if expiring else None
+            folded.add(indexes, replies[j])
+        listed = replies[listed_at] if expiring else None
         counts = None if listed is None or isinstance(listed, Exception) else _counts(listed)
-        census.settle(
-            room,
-            budget,
-            counts,
-            new_tasks,
-            unsent=None if counts is not None else (added, refused),
-        )
-        census.refused(refused_keys, refused_tasks)
+        self.census.release(held, counts, folded.new_tasks)
+        self.census.refused(folded.refused_keys, folded.refused_tasks)
+        errors = [store_error(r) for r in replies if isinstance(r, Exception)]
         if not errors:
-            return outcomes
-        done = [None if i in failed else outcomes[i] for i in range(len(events))]
+            return folded.outcomes
+        done = [None if i in folded.failed else o for i, o in enumerate(folded.outcomes)]
         unavailable = [e for e in errors if isinstance(e, StoreUnavailable)]
         if unavailable:
             # Applied events stay applied (a retry finds them stale); the rest wait for a retry.
@@ -751,6 +717,35 @@ class _Commands:
             self.commands.append((name.upper(), *args))
 
         return queue
+
+
+class _Folded:
+    """How a batch's events came out, folded from its ``apply.lua`` replies: an event's
+    outcome under its keys is the highest (:data:`_PRECEDENCE`)."""
+
+    def __init__(self, count: int) -> None:
+        self.outcomes: list[Outcome] = ["ignored"] * count
+        #: Events with a key whose script did not run.
+        self.failed: set[int] = set()
+        self.new_tasks = self.refused_keys = self.refused_tasks = 0
+
+    def add(self, indexes: Sequence[int], reply: Any) -> None:
+        """One ``apply.lua`` call's ``reply`` for the events at ``indexes``."""
+        if isinstance(reply, Exception):
+            self.failed.update(indexes)
+            return
+        for i, raw in zip(indexes, reply, strict=True):
+            got = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if got == "added":
+                got = "applied"
+                self.new_tasks += 1
+            elif got == "limited":
+                self.refused_tasks += 1
+            elif got == "limited-key":
+                got = "limited"
+                self.refused_keys += 1
+            if _PRECEDENCE[got] > _PRECEDENCE[self.outcomes[i]]:
+                self.outcomes[i] = cast(Outcome, got)
 
 
 def _counts(raw: list[Any]) -> tuple[int, int]:

@@ -198,9 +198,14 @@ async def test_the_web_process_runs_the_upkeep_and_stops_it_on_shutdown(
 ) -> None:
     await redis_client.zadd(keys.KEYS_INDEX, {"old": 1})
     await redis_client.zadd(keys.KEYS_EXPIRY, {"old": 1})
-    app = create_app(Settings.from_environ({"REDIS_URL": redis_url}), store)
+    settings = Settings.from_environ({"REDIS_URL": redis_url, "COALESCER_UPKEEP_SECONDS": "0.2"})
+    app = create_app(settings, store)
     async with app.router.lifespan_context(app):
         await eventually(lambda: _forgotten_and_counted(redis_client))
+        # The next rounds come COALESCER_UPKEEP_SECONDS apart (15 s unless set).
+        await redis_client.zadd(keys.KEYS_INDEX, {"older": 1})
+        await redis_client.zadd(keys.KEYS_EXPIRY, {"older": 1})
+        await eventually(lambda: _forgotten_and_counted(redis_client), seconds=10)
     running = [t for t in asyncio.all_tasks() if t.get_name() == "upkeep"]
     assert running == []
 

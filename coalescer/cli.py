@@ -82,6 +82,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             head_timeout=settings.head_timeout,
             idle_timeout=settings.idle_timeout,
             max_connections=settings.max_connections,
+            report_seconds=settings.connection_report_seconds,
         )
     )
     sock = bind(host, port)

@@ -86,6 +86,9 @@ class Settings:
     #: ``COALESCER_IDLE_TIMEOUT``: whole seconds a connection may wait for a request (its
     #: first, or its next: uvicorn's keep-alive timeout)
     idle_timeout: int = 5
+    #: ``COALESCER_CONNECTION_REPORT_SECONDS``: while connections keep being closed (idle, slow
+    #: heads, over the cap), seconds between the log's summaries of them
+    connection_report_seconds: float = 10.0
     #: ``COALESCER_MAX_CONNECTIONS``: connections a web process keeps open at most; ``None``:
     #: 10,000, or fewer when its file descriptor limit allows fewer (coalescer.web.connections)
     max_connections: int | None = None
@@ -119,6 +122,9 @@ class Settings:
     history_bucket_seconds: int = 60
     #: ``COALESCER_HISTORY_BUCKETS``: how many buckets are kept (a minute each for 24 hours)
     history_buckets: int = 1440
+    #: ``COALESCER_UPKEEP_SECONDS``: seconds between the upkeep's rounds (forget the keys whose
+    #: tasks have all expired, count the index for ``/metrics``, sample the pages' charts)
+    upkeep_seconds: float = 15.0
     #: ``WEB_CONCURRENCY`` (the PaaS convention): web processes of ``coalescer serve`` when
     #: ``--workers`` is not given
     web_concurrency: int = 1
@@ -165,7 +171,7 @@ class Settings:
                 raise ConfigError(f"{name} must be true or false, not {raw!r}")
             return _FLAGS[raw.lower()]
 
-        def seconds(name: str, default: float) -> float:
+        def seconds(name: str, default: float, maximum: float = 60) -> float:
             raw = get(name)
             if raw is None:
                 return default
@@ -173,8 +179,8 @@ class Settings:
                 value = float(raw)
             except ValueError:
                 raise ConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
-            if not 0 < value <= 60:
-                raise ConfigError(f"{name} must be more than 0 and at most 60, not {raw}")
+            if not 0 < value <= maximum:
+                raise ConfigError(f"{name} must be more than 0 and at most {maximum:g}, not {raw}")
             return value
 
         def choice(name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -212,6 +218,9 @@ class Settings:
                 if get("COALESCER_MAX_CONNECTIONS")
                 else None
             ),
+            connection_report_seconds=seconds(
+                "COALESCER_CONNECTION_REPORT_SECONDS", cls.connection_report_seconds, 3600
+            ),
             taskcluster_root_url=(get("TASKCLUSTER_ROOT_URL") or "").rstrip("/") or None,
             public_url=_http_url("COALESCER_PUBLIC_URL", get("COALESCER_PUBLIC_URL")),
             learn_unknown=flag("COALESCER_LEARN_UNKNOWN", cls.learn_unknown),
@@ -230,6 +239,7 @@ class Settings:
                 "COALESCER_HISTORY_BUCKET_SECONDS", cls.history_bucket_seconds, 1
             ),
             history_buckets=integer("COALESCER_HISTORY_BUCKETS", cls.history_buckets, 2),
+            upkeep_seconds=seconds("COALESCER_UPKEEP_SECONDS", cls.upkeep_seconds, 3600),
             web_concurrency=workers("WEB_CONCURRENCY", get("WEB_CONCURRENCY"), cls.web_concurrency),
             source_commit=_commit(get("SOURCE_COMMIT")) or cls.source_commit,
             serve_pid=integer("COALESCER_SERVE_PID", 0, 0),

@@ -23,8 +23,6 @@ from coalescer.store import keyset as stored
 
 log = logging.getLogger(__name__)
 
-#: Seconds between upkeep rounds.
-EVERY = 15.0
 #: Seconds between the steps of a round, so that a large index is walked gently.
 PAUSE = 0.02
 
@@ -90,10 +88,10 @@ async def count(
 
 
 def rounds(
-    store: Store, *, every: float = EVERY, retention: Retention | None = None
+    store: Store, *, every: float, retention: Retention | None = None
 ) -> Callable[[], Awaitable[None]]:
     """One upkeep round per call, for the web process's supervisor to run every ``every``
-    seconds (it retries a round that failed, later and later). A round is done by the process
+    seconds (``COALESCER_UPKEEP_SECONDS``; it retries a round that failed, later and later). A round is done by the process
     holding the upkeep lease, which it keeps while it does rounds. With a ``retention``, each
     round also samples the pending tasks for the pages' charts."""
     token = uuid.uuid4().hex

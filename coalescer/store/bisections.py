@@ -60,7 +60,7 @@ async def record(store: Pipelining, finding: Mapping[str, Any], located_ms: int)
     until = int(time.time() * 1000) + TTL_MS
 
     def fill(pipe: Any) -> None:
-        store._eval(
+        store.eval(
             pipe,
             "bisect",
             keys.bisections(finding["key"]),
@@ -73,7 +73,7 @@ async def record(store: Pipelining, finding: Mapping[str, Any], located_ms: int)
         )
         pipe.zadd(keys.FINDINGS, {_member(finding): until})
 
-    new, _ = await store._pipeline(fill)
+    new, _ = await store.pipeline(fill)
     return bool(new)
 
 
@@ -85,7 +85,7 @@ async def room(store: Pipelining, finding: Mapping[str, Any], *, limit: int, now
     """Whether ``finding`` may be recorded under a limit of ``limit`` findings over every key:
     yes when fewer are kept (those expired are dropped first), or when it is one of them again
     (a retry). Processes recording at once at the edge can pass the limit by one each."""
-    _, kept, again = await store._pipeline(
+    _, kept, again = await store.pipeline(
         lambda pipe: (
             pipe.zremrangebyscore(keys.FINDINGS, "-inf", now_ms),
             pipe.zcard(keys.FINDINGS),
@@ -97,7 +97,7 @@ async def room(store: Pipelining, finding: Mapping[str, Any], *, limit: int, now
 
 async def kept(store: Pipelining, *, now_ms: int) -> int:
     """How many findings are kept over every key (those not expired)."""
-    (count,) = await store._pipeline(lambda pipe: pipe.zcount(keys.FINDINGS, f"({now_ms}", "+inf"))
+    (count,) = await store.pipeline(lambda pipe: pipe.zcount(keys.FINDINGS, f"({now_ms}", "+inf"))
     return int(count)
 
 
@@ -105,13 +105,13 @@ async def for_task(store: Pipelining, names: Sequence[str], task_id: str) -> lis
     """The findings that name ``task_id`` under the keys ``names`` (one round trip)."""
     if not names:
         return []
-    (*primaries,) = await store._pipeline(
+    (*primaries,) = await store.pipeline(
         lambda pipe: [pipe.hget(keys.bisections(k)[0], "t:" + task_id) for k in names]
     )
     wanted = [(k, _text(p)) for k, p in zip(names, primaries, strict=True) if p is not None]
     if not wanted:
         return []
-    raw = await store._pipeline(
+    raw = await store.pipeline(
         lambda pipe: [pipe.hget(keys.bisections(k)[0], p) for k, p in wanted]
     )
     return [orjson.loads(r) for r in raw if r is not None]
@@ -120,10 +120,10 @@ async def for_task(store: Pipelining, names: Sequence[str], task_id: str) -> lis
 async def recent(store: Pipelining, key: str, limit: int = 20) -> list[dict[str, Any]]:
     """The key's newest findings, newest first."""
     b, bt = keys.bisections(key)
-    (primaries,) = await store._pipeline(lambda pipe: pipe.zrevrange(bt, 0, limit - 1))
+    (primaries,) = await store.pipeline(lambda pipe: pipe.zrevrange(bt, 0, limit - 1))
     if not primaries:
         return []
-    raw = await store._pipeline(lambda pipe: [pipe.hget(b, _text(p)) for p in primaries])
+    raw = await store.pipeline(lambda pipe: [pipe.hget(b, _text(p)) for p in primaries])
     return [orjson.loads(r) for r in raw if r is not None]
 
 
@@ -140,14 +140,14 @@ async def page(
     the order, not a count."""
     b, bt = keys.bisections(key)
     if after is None:
-        (listed,) = await store._pipeline(
+        (listed,) = await store.pipeline(
             lambda pipe: pipe.zrevrangebyscore(
                 bt, "+inf", "-inf", start=0, num=limit + 1, withscores=True
             )
         )
     else:
         at, primary = after
-        ties, older = await store._pipeline(
+        ties, older = await store.pipeline(
             lambda pipe: (
                 pipe.zrevrangebyscore(bt, at, at, withscores=True),
                 pipe.zrevrangebyscore(
@@ -161,7 +161,7 @@ async def page(
     entries = entries[:limit]
     if not entries:
         return [], None
-    (raw,) = await store._pipeline(lambda pipe: pipe.hmget(b, [m for m, _ in entries]))
+    (raw,) = await store.pipeline(lambda pipe: pipe.hmget(b, [m for m, _ in entries]))
     found = [orjson.loads(r) for r in raw if r is not None]
     last_primary, last_at = entries[-1]
     return found, (last_at, last_primary) if more else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,6 +27,20 @@ class Limits:
 
     keys: int
     tasks: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reservation:
+    """What one batch may add within the limits, reserved until :meth:`Census.release`."""
+
+    #: How many of the batch's keys may be new: its first ones.
+    keys: int
+    #: How many tasks new to their key the batch may add, and of those, each ``apply.lua``
+    #: call's share (the first calls' first).
+    tasks: int
+    per_call: tuple[int, ...]
+    #: Tasks added and events refused before, that this batch counts in the store.
+    unsent: tuple[int, int]
 
 
 @dataclasses.dataclass(slots=True)
@@ -77,6 +92,27 @@ class Census:
             room = max(0, min(count, limits.tasks - self.tasks - self.reserved_tasks))
         self.reserved_tasks += room
         return room
+
+    def reserve(self, keys: int, calls: Sequence[int], limits: Limits | None) -> Reservation:
+        """Reserve room for a batch of ``keys`` keys whose events go in ``apply.lua`` calls of
+        ``calls`` events each: the first keys may be new, as many as there is room for (none
+        when no task may be added: a new key holds one), and each call may add as many new
+        tasks as it has events, while the room for tasks lasts."""
+        budget = self.tasks_admitted(sum(calls), limits)
+        room = self.admitted(keys, limits) if budget else 0
+        per_call = []
+        left = budget
+        for size in calls:
+            per_call.append(min(size, left))
+            left -= per_call[-1]
+        return Reservation(room, budget, tuple(per_call), self.take_unsent())
+
+    def release(self, held: Reservation, listed: tuple[int, int] | None, added: int) -> None:
+        """A batch's reply, or its failure (``listed`` ``None``, nothing ``added``):
+        :meth:`settle` for ``held``. What the batch was to count in the store is counted with
+        the next one unless its ``list.lua`` call ran."""
+        unsent = None if listed is not None else held.unsent
+        self.settle(held.keys, held.tasks, listed, added, unsent=unsent)
 
     def take_unsent(self) -> tuple[int, int]:
         """The tasks added and events refused to count in the store with the next batch."""

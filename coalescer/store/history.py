@@ -31,7 +31,7 @@ def queue(
     """Queue one ``history.lua`` call on ``pipe`` for ``updates`` of ``ring``."""
     args = [a for update in updates for a in update]
     if args:
-        store._eval(
+        store.eval(
             pipe,
             "history",
             (ring,),
@@ -69,7 +69,7 @@ async def sample_pending(
             queue(store, pipe, keys.HISTORY, [update], retention)
 
     if per_key or total is not None:
-        await store._pipeline(fill)
+        await store.pipeline(fill)
 
 
 async def read(
@@ -80,7 +80,7 @@ async def read(
     ring = keys.HISTORY if key is None else keys.history(key)
     if key is not None:
         retention = retention.per_key()
-    (raw,) = await store._pipeline(lambda pipe: pipe.hgetall(ring))
+    (raw,) = await store.pipeline(lambda pipe: pipe.hgetall(ring))
     fields = {_text(k): _text(v) for k, v in raw.items()}
     first = history.first_activity(fields)
     since = now_ms - max(history.SHOWN_AT_LEAST_MS, retention.bucket_ms)

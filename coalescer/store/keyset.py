@@ -35,7 +35,7 @@ async def sweep(store: Store, *, now_ms: int, limit: int = keyset.STEP) -> tuple
     """Forget up to ``limit`` keys whose data has expired by ``now_ms``: ``(forgotten, kept)``.
     A key found to hold a live task after all (listed before expiry times were kept) is kept
     with its real expiry time. A key that got a task since it was read is neither."""
-    (due,) = await store._pipeline(
+    (due,) = await store.pipeline(
         lambda pipe: pipe.zrangebyscore(
             keys.KEYS_EXPIRY, "-inf", now_ms, start=0, num=limit, withscores=True
         )
@@ -43,7 +43,7 @@ async def sweep(store: Store, *, now_ms: int, limit: int = keyset.STEP) -> tuple
     if not due:
         return 0, 0
     listed = _listed(due)
-    newest = await store._pipeline(
+    newest = await store.pipeline(
         lambda pipe: [pipe.zrange(keys.group(key)[4], -1, -1, withscores=True) for key, _ in listed]
     )
 
@@ -55,19 +55,19 @@ async def sweep(store: Store, *, now_ms: int, limit: int = keyset.STEP) -> tuple
     def fill(pipe: Any) -> None:
         for (key, seen), found, out in zip(listed, newest, gone, strict=True):
             if out:
-                store._eval(pipe, "unlist", (keys.KEYS_INDEX, keys.KEYS_EXPIRY), key, seen)
+                store.eval(pipe, "unlist", (keys.KEYS_INDEX, keys.KEYS_EXPIRY), key, seen)
             else:
                 expires = keyset.expires_ms(int(found[0][1]), store.grace_ms)
                 pipe.zadd(keys.KEYS_EXPIRY, {key: expires}, gt=True)
 
-    replies = await store._pipeline(fill)
+    replies = await store.pipeline(fill)
     forgotten = sum(int(r) for r, out in zip(replies, gone, strict=True) if out)
     return forgotten, gone.count(False)
 
 
 async def hold(store: Store, token: str, ttl_ms: int) -> bool:
     """Take (or keep) the upkeep lease for ``ttl_ms``: one process at a time does the rounds."""
-    _, holder = await store._pipeline(
+    _, holder = await store.pipeline(
         lambda pipe: (
             pipe.set(keys.UPKEEP_LEASE, token, nx=True, px=ttl_ms),
             pipe.get(keys.UPKEEP_LEASE),
@@ -75,13 +75,13 @@ async def hold(store: Store, token: str, ttl_ms: int) -> bool:
     )
     if holder is None or _text(holder) != token:
         return False
-    await store._pipeline(lambda pipe: pipe.pexpire(keys.UPKEEP_LEASE, ttl_ms))
+    await store.pipeline(lambda pipe: pipe.pexpire(keys.UPKEEP_LEASE, ttl_ms))
     return True
 
 
 async def unexpiring(store: Store) -> bool:
     """Whether some keys have no expiry time (listed before expiry times were kept)."""
-    known, expiring = await store._pipeline(
+    known, expiring = await store.pipeline(
         lambda pipe: (pipe.zcard(keys.KEYS_INDEX), pipe.zcard(keys.KEYS_EXPIRY))
     )
     return int(known) > int(expiring)
@@ -93,12 +93,12 @@ async def scan(
     """One step through ``co:keys`` from cursor ``at``: ``(next cursor (0: done), keys)``.
     With ``backfill``, keys without an expiry time get their last activity as one, so that
     the sweeper looks at them (and learns their real one)."""
-    ((after, raw),) = await store._pipeline(
+    ((after, raw),) = await store.pipeline(
         lambda pipe: pipe.zscan(keys.KEYS_INDEX, at, count=count)
     )
     listed = _listed(raw)
     if backfill and listed:
-        await store._pipeline(lambda pipe: pipe.zadd(keys.KEYS_EXPIRY, dict(listed), nx=True))
+        await store.pipeline(lambda pipe: pipe.zadd(keys.KEYS_EXPIRY, dict(listed), nx=True))
     return int(after), listed
 
 
@@ -112,14 +112,14 @@ async def save_census(store: Store, tally: keyset.Tally, counted_ms: int) -> Non
         "tracked": tally.tracked,
         "added": 0,
     }
-    await store._pipeline(lambda pipe: pipe.hset(keys.CENSUS, mapping=record))
+    await store.pipeline(lambda pipe: pipe.hset(keys.CENSUS, mapping=record))
 
 
 async def size(store: Store) -> tuple[int, int, Limits | None]:
     """Keys listed, tasks tracked (as last counted plus what ingest added since), and the
     limits ingest was last held to (``None``: none yet), in one round trip; also noted in the
     store's :attr:`~coalescer.store.Store.census`."""
-    known, (tracked, added, max_keys, max_tasks) = await store._pipeline(
+    known, (tracked, added, max_keys, max_tasks) = await store.pipeline(
         lambda pipe: (
             pipe.zcard(keys.KEYS_INDEX),
             pipe.hmget(keys.CENSUS, ["tracked", "added", "max_keys", "max_tasks"]),
@@ -135,7 +135,7 @@ async def totals(store: Store, *, now_ms: int | None = None) -> keyset.Totals:
     """The index's totals: counted now for a small index, else as the last upkeep round
     counted them (not counted before the first round)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    known, record = await store._pipeline(
+    known, record = await store.pipeline(
         lambda pipe: (pipe.zcard(keys.KEYS_INDEX), pipe.hgetall(keys.CENSUS))
     )
     known = int(known)
@@ -161,7 +161,7 @@ async def totals(store: Store, *, now_ms: int | None = None) -> keyset.Totals:
 async def recent(store: Store, start: int, stop: int) -> tuple[Listed, int]:
     """Keys ranked ``start``..``stop`` by last activity, most recent first, and how many keys
     are known, in one round trip."""
-    raw, known = await store._pipeline(
+    raw, known = await store.pipeline(
         lambda pipe: (
             pipe.zrevrange(keys.KEYS_INDEX, start, stop, withscores=True),
             pipe.zcard(keys.KEYS_INDEX),

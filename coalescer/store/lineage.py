@@ -49,7 +49,7 @@ def parse_decision(key: str, task_id: str, record: str, note: str = "") -> Decis
 
 
 async def decision(store: Pipelining, key: str, victim: str) -> Decision | None:
-    (raw,) = await store._pipeline(lambda pipe: pipe.hget(keys.policy(key)[0], victim))
+    (raw,) = await store.pipeline(lambda pipe: pipe.hget(keys.policy(key)[0], victim))
     return None if raw is None else parse_decision(key, victim, _text(raw))
 
 
@@ -68,7 +68,7 @@ async def lineage(
             pipe.hget(keys.settled(key)[8], task_id)
             pipe.zrangebylex(vp, f"[{task_id}|", f"[{task_id}|\xff")
 
-    raw = await store._pipeline(fill)
+    raw = await store.pipeline(fill)
     mine = [
         parse_decision(k, task_id, _text(raw[3 * i]), _text(raw[3 * i + 1] or ""))
         for i, k in enumerate(names)
@@ -87,7 +87,7 @@ async def lineage(
                 pipe.hmget(keys.policy(key)[0], ids)
                 pipe.hmget(keys.settled(key)[8], ids)
 
-        replies = await store._pipeline(fill_theirs)
+        replies = await store.pipeline(fill_theirs)
         for i, (key, ids) in enumerate(wanted):
             records, notes = replies[2 * i], replies[2 * i + 1]
             theirs += [
@@ -104,7 +104,7 @@ async def definitions(store: Pipelining, key: str, task_ids: Sequence[str]) -> d
     if not task_ids:
         return {}
     df = keys.settled(key)[7]
-    (raw,) = await store._pipeline(lambda pipe: pipe.hmget(df, list(task_ids)))
+    (raw,) = await store.pipeline(lambda pipe: pipe.hmget(df, list(task_ids)))
     return {t: _text(d) for t, d in zip(task_ids, raw, strict=True) if d is not None}
 
 
@@ -112,7 +112,7 @@ async def counters(store: Pipelining, names: Sequence[str]) -> dict[str, dict[st
     """Per key, its ``<rule>|<state>`` and ``<rule>|saved_ms`` counters."""
     if not names:
         return {}
-    raw = await store._pipeline(lambda pipe: [pipe.hgetall(keys.policy(k)[7]) for k in names])
+    raw = await store.pipeline(lambda pipe: [pipe.hgetall(keys.policy(k)[7]) for k in names])
     return {
         k: {_text(f): int(_text(n)) for f, n in r.items()} for k, r in zip(names, raw, strict=True)
     }

@@ -43,7 +43,7 @@ def queue_decide(
     event: model.TaskEvent | None = None,
 ) -> None:
     """Queue one ``decide.lua`` call on ``pipe`` (after ``event``'s ``apply.lua``, if any)."""
-    store._eval(
+    store.eval(
         pipe,
         "decide",
         (*keys.group(key), *keys.policy(key), keys.searches(key)),
@@ -71,11 +71,11 @@ async def tick(
         for key in names:
             queue_decide(store, pipe, key, rules[key], now_ms)
 
-    replies = await store._pipeline(fill)
+    replies = await store.pipeline(fill)
     busy = {k: now_ms for k, (_, work) in zip(names, replies, strict=True) if int(work)}
     if busy:
         # Not atomic with the decisions, and need not be: the next tick lists them again.
-        await store._pipeline(lambda pipe: pipe.zadd(keys.OUTBOX, busy))
+        await store.pipeline(lambda pipe: pipe.zadd(keys.OUTBOX, busy))
     return {k: int(made) for k, (made, _) in zip(names, replies, strict=True)}
 
 
@@ -123,7 +123,7 @@ class Entry:
 
 async def work(store: Pipelining, *, limit: int = 1000) -> list[tuple[str, float]]:
     """Keys that may have outbox work, with the score that listed them (oldest first)."""
-    (raw,) = await store._pipeline(
+    (raw,) = await store.pipeline(
         lambda pipe: pipe.zrange(keys.OUTBOX, 0, limit - 1, withscores=True)
     )
     return [(_text(k), float(s)) for k, s in raw]
@@ -142,7 +142,7 @@ async def outstanding(store: Pipelining, names: Sequence[str]) -> dict[str, tupl
             pipe.zcard(h)
             pipe.hlen(keys.searches(key))
 
-    raw = await store._pipeline(fill)
+    raw = await store.pipeline(fill)
     return {
         k: (int(raw[3 * i]), int(raw[3 * i + 1]) + int(raw[3 * i + 2])) for i, k in enumerate(names)
     }
@@ -150,16 +150,16 @@ async def outstanding(store: Pipelining, names: Sequence[str]) -> dict[str, tupl
 
 async def idle(store: Pipelining, key: str, seen: float) -> bool:
     """Unlist ``key`` unless it was listed again after the enforcer saw ``seen``."""
-    (done,) = await store._pipeline(
-        lambda pipe: store._eval(pipe, "idle", (keys.OUTBOX,), key, repr(seen))
+    (done,) = await store.pipeline(
+        lambda pipe: store.eval(pipe, "idle", (keys.OUTBOX,), key, repr(seen))
     )
     return bool(done)
 
 
 async def lease(store: Pipelining, key: str, mode: str, holder: str, ttl_ms: int) -> bool:
     """Acquire, renew or release the key's enforcer lease (``mode``); True when held."""
-    (got,) = await store._pipeline(
-        lambda pipe: store._eval(pipe, "lease", (keys.lease(key),), mode, holder, ttl_ms)
+    (got,) = await store.pipeline(
+        lambda pipe: store.eval(pipe, "lease", (keys.lease(key),), mode, holder, ttl_ms)
     )
     return bool(got)
 
@@ -178,12 +178,12 @@ async def read(store: Pipelining, key: str, consumer: str, *, count: int = 64) -
         pipe.xreadgroup(group, consumer, {stream: ">"}, count=count)
 
     try:
-        claimed, fresh = await store._pipeline(fill)
+        claimed, fresh = await store.pipeline(fill)
     except StoreRejected as exc:
         if "NOGROUP" not in str(exc):
             raise
         await _create_group(store, stream)
-        claimed, fresh = await store._pipeline(fill)
+        claimed, fresh = await store.pipeline(fill)
     found: dict[str, Entry] = {}
     for entry_id, fields in claimed[1]:
         if fields:
@@ -206,7 +206,7 @@ def _entry_order(entry: Entry) -> tuple[int, ...]:
 
 async def _create_group(store: Pipelining, stream: str) -> None:
     try:
-        await store._pipeline(
+        await store.pipeline(
             lambda pipe: pipe.xgroup_create(stream, keys.OUTBOX_GROUP, id="0", mkstream=True)
         )
     except StoreRejected as exc:
@@ -217,7 +217,7 @@ async def _create_group(store: Pipelining, stream: str) -> None:
 async def ack(store: Pipelining, key: str, entry_id: str) -> None:
     """Acknowledge and delete an entry that needs nothing done (its decision moved on)."""
     stream = keys.policy(key)[5]
-    await store._pipeline(
+    await store.pipeline(
         lambda pipe: (pipe.xack(stream, keys.OUTBOX_GROUP, entry_id), pipe.xdel(stream, entry_id))
     )
 
@@ -225,7 +225,7 @@ async def ack(store: Pipelining, key: str, entry_id: str) -> None:
 async def held_due(store: Pipelining, key: str, now_ms: int, *, limit: int = 64) -> list[str]:
     """Held victims whose claim is due for renewal."""
     h = keys.policy(key)[6]
-    (raw,) = await store._pipeline(
+    (raw,) = await store.pipeline(
         lambda pipe: pipe.zrangebyscore(h, "-inf", now_ms, start=0, num=limit)
     )
     return [_text(v) for v in raw]
@@ -251,8 +251,8 @@ async def settle(
     """Move ``victim`` from one of ``expected`` states to ``new`` and acknowledge ``entry_id``
     (see ``settle.lua``); returns whether the state changed and the milliseconds saved.
     ``resolution``: how the victim's run was ended, and why, for its lineage."""
-    (raw,) = await store._pipeline(
-        lambda pipe: store._eval(
+    (raw,) = await store.pipeline(
+        lambda pipe: store.eval(
             pipe,
             "settle",
             keys.settled(key),
@@ -293,7 +293,7 @@ class Move:
 
 async def searches(store: Pipelining, key: str) -> dict[str, str]:
     """The key's bisections under way: failed primary → its record (JSON text)."""
-    (raw,) = await store._pipeline(lambda pipe: pipe.hgetall(keys.searches(key)))
+    (raw,) = await store.pipeline(lambda pipe: pipe.hgetall(keys.searches(key)))
     return {_text(k): _text(v) for k, v in raw.items()}
 
 
@@ -349,7 +349,5 @@ async def search_step(
     ]
     for m in moves:
         args += [m.victim, m.was, m.new, m.action, m.by, m.by_run, m.reason, int(m.emit)]
-    (raw,) = await store._pipeline(
-        lambda pipe: store._eval(pipe, "settle", keys.settled(key), *args)
-    )
+    (raw,) = await store.pipeline(lambda pipe: store.eval(pipe, "settle", keys.settled(key), *args))
     return bool(int(raw[0]))

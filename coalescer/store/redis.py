@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
@@ -170,7 +171,7 @@ class Store:
         #: How large the index is, as this process last saw it, and what it refused.
         self.census = Census()
 
-    # -- plumbing -------------------------------------------------------------------------
+    # -- the seam: what the modules beside this one use (store/base.py) ---------------------
     async def load_scripts(self) -> None:
         async with self.admission.slot():
             await self._load_scripts()
@@ -186,7 +187,7 @@ class Store:
         except (redis.exceptions.RedisError, OSError) as exc:
             raise store_error(exc) from exc
 
-    async def _pipeline(
+    async def pipeline(
         self, fill: Callable[[Any], object], *, raise_on_error: bool = True
     ) -> list[Any]:
         """Run the commands ``fill`` queues in one round trip, reloading scripts once if Redis
@@ -221,8 +222,27 @@ class Store:
             return replies
         raise AssertionError("unreachable")
 
-    def _eval(self, pipe: Any, name: str, key_names: Sequence[str], *args: Any) -> None:
+    def eval(self, pipe: Any, name: str, key_names: Sequence[str], *args: Any) -> None:
+        """Queue on ``pipe`` (one :meth:`pipeline` is filling) a call of
+        ``scripts/<name>.lua`` with ``key_names`` as its KEYS and ``args`` as its ARGV."""
         pipe.evalsha(self._sha[name], len(key_names), *key_names, *args)
+
+    def send_in_order(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Awaitable[Any]] | None:
+        """Send script calls ``(name, key_names, args)`` on the lean connection without
+        waiting, each the reply it will have: Redis runs them in the order given, as one
+        connection's commands. ``None`` when there is no single lean connection (the embedded
+        store, a Cluster) or the scripts are not loaded yet: use :meth:`pipeline` then. A
+        reply fails with :class:`NoScript` or :class:`ReplyError` (redis-py's
+        :meth:`pipeline` reloads, or raises the real error) or :class:`StoreUnavailable`."""
+        if not isinstance(self.fast, PipelinedClient) or not self._loaded:
+            return None
+        fast = self.fast
+        return [
+            fast.execute("EVALSHA", self._sha[name], len(names), *names, *args)
+            for name, names, args in calls
+        ]
 
     async def ping(self) -> bool:
         async with self.admission.slot():
@@ -231,20 +251,20 @@ class Store:
     async def probe(self) -> None:
         """Write and read one small key: :class:`StoreUnavailable` unless Redis takes writes
         now (a full or read-only Redis still answers ``PING``)."""
-        await self._pipeline(lambda pipe: pipe.set(keys.PROBE, b"1", px=60_000))
+        await self.pipeline(lambda pipe: pipe.set(keys.PROBE, b"1", px=60_000))
 
     async def index_state(self, now_ms: int) -> IndexState:
         """The index's state marker (see ``marker.lua``), created as ``lost`` when missing."""
-        (raw,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "marker", (keys.INDEX_STATE,), now_ms)
+        (raw,) = await self.pipeline(
+            lambda pipe: self.eval(pipe, "marker", (keys.INDEX_STATE,), now_ms)
         )
         return IndexState.decode(raw)
 
     async def mark_rebuilt(self, now_ms: int, *, started_ms: int) -> IndexState:
         """Record a completed rebuild from the queue that started at ``started_ms``; it does not
         count when the store was found emptied after that."""
-        (raw,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "marker", (keys.INDEX_STATE,), now_ms, started_ms)
+        (raw,) = await self.pipeline(
+            lambda pipe: self.eval(pipe, "marker", (keys.INDEX_STATE,), now_ms, started_ms)
         )
         return IndexState.decode(raw)
 
@@ -304,36 +324,25 @@ class Store:
             for key in per_key:
                 if (args := policy.script_args(key)) is not None:
                     deciding[key] = list(args)
-        # One apply.lua call per (key, batch of its events), and where its reply lands.
+        # One apply.lua call per (key, batch of its events); a deciding key's decide.lua
+        # reply follows its apply.lua reply.
         calls = apply_calls(per_key, alone=deciding)
-        positions: list[int] = []
-        at = 0
-        for key, _ in calls:
-            positions.append(at)
-            at += 2 if key in deciding else 1
+        positions = list(
+            itertools.accumulate((2 if k in deciding else 1 for k, _ in calls), initial=0)
+        )
+        listed_at = positions.pop()  # then list.lua's, when there is a key to list
         # A key is known until the newest deadline plus grace of its tasks (keyset.py).
         expiring: dict[str, int] = {}
         for key, indexes in per_key.items():
             expires = keyset.expires_ms(max(events[i].deadline_ms for i in indexes), self.grace_ms)
             if expires > now:
                 expiring[key] = expires
-        # Within the limits, the first keys may be new, as many as there is room for (none
-        # when no task may be added: a new key holds one); every key may update what it holds.
-        census = self.census
-        budget = census.tasks_admitted(sum(map(len, per_key.values())), limits)
-        room = census.admitted(len(per_key), limits) if budget else 0
-        admit = {key: n < room for n, key in enumerate(per_key)}
-        # Each call may add as many new tasks as it has events, while the budget lasts.
-        allotted = []
-        left = budget
-        for _, indexes in calls:
-            allotted.append(min(len(indexes), left))
-            left -= allotted[-1]
-        added, refused = census.take_unsent()
+        held = self.census.reserve(len(per_key), [len(i) for _, i in calls], limits)
+        admit = {key: n < held.keys for n, key in enumerate(per_key)}
 
         def fill(pipe: Any) -> None:
-            for (key, indexes), may_add in zip(calls, allotted, strict=True):
-                self._eval(
+            for (key, indexes), may_add in zip(calls, held.per_call, strict=True):
+                self.eval(
                     pipe,
                     "apply",
                     apply_keys(key),
@@ -350,13 +359,12 @@ class Store:
                     queue_decide(self, pipe, key, deciding[key], now, events[indexes[0]])
             if expiring:
                 triples = [a for k, e in expiring.items() for a in (k, e, int(admit[k]))]
-                self._eval(
+                self.eval(
                     pipe,
                     "list",
                     (keys.KEYS_INDEX, keys.KEYS_EXPIRY, keys.CENSUS),
                     now,
-                    added,
-                    refused,
+                    *held.unsent,
                     *(("", "") if limits is None else (limits.keys, limits.tasks)),
                     *triples,
                 )
@@ -366,42 +374,19 @@ class Store:
         try:
             replies = await self._batch(fill)
         except BaseException:
-            census.settle(room, budget, None, 0, unsent=(added, refused))
+            self.census.release(held, None, 0)
             raise
-        failed: set[int] = set()  # events with a key whose script did not run
-        errors = [store_error(r) for r in replies if isinstance(r, Exception)]
-        outcomes: list[Outcome] = ["ignored"] * len(events)
-        new_tasks = refused_keys = refused_tasks = 0
+        folded = _Folded(len(events))
         for (_key, indexes), j in zip(calls, positions, strict=True):
-            result = replies[j]
-            if isinstance(result, Exception):
-                failed.update(indexes)
-                continue
-            for i, raw in zip(indexes, result, strict=True):
-                got = raw.decode() if isinstance(raw, bytes) else str(raw)
-                if got == "added":
-                    got = "applied"
-                    new_tasks += 1
-                elif got == "limited":
-                    refused_tasks += 1
-                elif got == "limited-key":
-                    got = "limited"
-                    refused_keys += 1
-                if _PRECEDENCE[got] > _PRECEDENCE[outcomes[i]]:
-                    outcomes[i] = cast(Outcome, got)
-        listed = replies[at] if expiring else None
+            folded.add(indexes, replies[j])
+        listed = replies[listed_at] if expiring else None
         counts = None if listed is None or isinstance(listed, Exception) else _counts(listed)
-        census.settle(
-            room,
-            budget,
-            counts,
-            new_tasks,
-            unsent=None if counts is not None else (added, refused),
-        )
-        census.refused(refused_keys, refused_tasks)
+        self.census.release(held, counts, folded.new_tasks)
+        self.census.refused(folded.refused_keys, folded.refused_tasks)
+        errors = [store_error(r) for r in replies if isinstance(r, Exception)]
         if not errors:
-            return outcomes
-        done = [None if i in failed else outcomes[i] for i in range(len(events))]
+            return folded.outcomes
+        done = [None if i in folded.failed else o for i, o in enumerate(folded.outcomes)]
         unavailable = [e for e in errors if isinstance(e, StoreUnavailable)]
         if unavailable:
             # Applied events stay applied (a retry finds them stale); the rest wait for a retry.
@@ -458,7 +443,7 @@ class Store:
                 pipe.expire(keys.log(key), 7 * 86400)
             for key, rows in per_task.items():
                 args = [a for task_id, at_ms, record in rows for a in (task_id, at_ms, record)]
-                self._eval(
+                self.eval(
                     pipe,
                     "remember",
                     keys.answered(key),
@@ -475,13 +460,13 @@ class Store:
             await self._write(fill)
 
     async def _batch(self, fill: Callable[[Any], object]) -> list[Any]:
-        """:meth:`_pipeline` without raising on a command's error, for the ingest's batches:
+        """:meth:`pipeline` without raising on a command's error, for the ingest's batches:
         on the lean writer connection when there is one, where hiredis packs the commands and
         parses the replies (redis-py's Python packing and per-reply parsing cost more than Redis
         spends running a batch's scripts). A command's error is its reply; a lost script is
         loaded again and the whole batch run again (every command in it is idempotent)."""
         if self.writer is None:
-            return await self._pipeline(fill, raise_on_error=False)
+            return await self.pipeline(fill, raise_on_error=False)
         for attempt in (1, 2):
             if not self._loaded:
                 await self.load_scripts()
@@ -495,14 +480,14 @@ class Store:
         raise AssertionError("unreachable")
 
     async def _write(self, fill: Callable[[Any], object]) -> None:
-        """Run the commands ``fill`` queues in one round trip, as :meth:`_pipeline` does, for
+        """Run the commands ``fill`` queues in one round trip, as :meth:`pipeline` does, for
         background writes: over the lean writer connection when there is one (hiredis packs
         and parses; redis-py's pipeline cost a busy web process a fifth of its time at one
         batch of answers a second), else through redis-py. Commands Redis refused on the lean
         connection (a lost script, a full Redis) go again through redis-py, which reloads
         scripts and maps errors; the others are not repeated."""
         if self.writer is None or not self._loaded:
-            await self._pipeline(fill)
+            await self.pipeline(fill)
             return
         batch = _Commands()
         fill(batch)
@@ -513,7 +498,7 @@ class Store:
             if isinstance(reply, ReplyError | NoScript)
         ]
         if failed:
-            await self._pipeline(lambda pipe: [pipe.execute_command(*c) for c in failed])
+            await self.pipeline(lambda pipe: [pipe.execute_command(*c) for c in failed])
 
     # -- reads ------------------------------------------------------------------------------
     def snapshot_soon(
@@ -558,8 +543,8 @@ class Store:
         t, p, w, d, _ = keys.group(key)
         try:
             async with asyncio.timeout(self.query_timeout):
-                (raw,) = await self._pipeline(
-                    lambda pipe: self._eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
+                (raw,) = await self.pipeline(
+                    lambda pipe: self.eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
                 )
         except TimeoutError as exc:
             raise StoreUnavailable(
@@ -569,8 +554,8 @@ class Store:
 
     async def pending(self, key: str, *, now_ms: int, limit: int = 1000) -> list[views.TaskRecord]:
         """A key's pending tasks, oldest first, with what the index knows of each."""
-        (raw,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "inspect", keys.group(key)[:4], now_ms, limit)
+        (raw,) = await self.pipeline(
+            lambda pipe: self.eval(pipe, "inspect", keys.group(key)[:4], now_ms, limit)
         )
         items = [v.decode() if isinstance(v, bytes) else v for v in raw]
         return [
@@ -584,7 +569,7 @@ class Store:
         ids = list(task_ids)
         if not ids:
             return {}
-        (records,) = await self._pipeline(lambda pipe: pipe.hmget(keys.group(key)[0], ids))
+        (records,) = await self.pipeline(lambda pipe: pipe.hmget(keys.group(key)[0], ids))
         return {
             tid: views.parse_record(tid, rec.decode())
             for tid, rec in zip(ids, records, strict=True)
@@ -592,7 +577,7 @@ class Store:
         }
 
     async def all_known(self, key: str) -> dict[str, views.TaskRecord]:
-        (records,) = await self._pipeline(lambda pipe: pipe.hgetall(keys.group(key)[0]))
+        (records,) = await self.pipeline(lambda pipe: pipe.hgetall(keys.group(key)[0]))
         return {
             tid.decode(): views.parse_record(tid.decode(), rec.decode())
             for tid, rec in records.items()
@@ -600,13 +585,13 @@ class Store:
 
     async def history(self, key: str) -> list[list[str]]:
         """Recent answers and resolutions for ``key``, newest first, as split log entries."""
-        (raw,) = await self._pipeline(lambda pipe: pipe.lrange(keys.log(key), 0, LOG_LENGTH - 1))
+        (raw,) = await self.pipeline(lambda pipe: pipe.lrange(keys.log(key), 0, LOG_LENGTH - 1))
         return [entry.decode().split("|", 5) for entry in raw]
 
     async def keys(self, *, since_ms: int = 0) -> list[tuple[str, int]]:
         """Every known coalescing key with its last activity (ms), most recent first: O(keys),
         for the commands and the enforcer; the pages read pages of keys (:mod:`.keyset`)."""
-        (raw,) = await self._pipeline(
+        (raw,) = await self.pipeline(
             lambda pipe: pipe.zrevrangebyscore(keys.KEYS_INDEX, "+inf", since_ms, withscores=True)
         )
         return [(k.decode(), int(score)) for k, score in raw]
@@ -618,7 +603,7 @@ class Store:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         if not key_names:
             return {}
-        counts = await self._pipeline(
+        counts = await self.pipeline(
             lambda pipe: [pipe.zcount(keys.group(k)[3], f"({now}", "+inf") for k in key_names]
         )
         return dict(zip(key_names, map(int, counts), strict=True))
@@ -628,13 +613,13 @@ class Store:
         returns how many the index held."""
         if not task_ids:
             return 0
-        (held,) = await self._pipeline(
-            lambda pipe: self._eval(pipe, "forget", keys.group(key), *task_ids)
+        (held,) = await self.pipeline(
+            lambda pipe: self.eval(pipe, "forget", keys.group(key), *task_ids)
         )
         return int(held)
 
     async def stats(self) -> dict[str, str]:
-        (raw,) = await self._pipeline(lambda pipe: pipe.hgetall(keys.STATS))
+        (raw,) = await self.pipeline(lambda pipe: pipe.hgetall(keys.STATS))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
 
@@ -732,6 +717,35 @@ class _Commands:
             self.commands.append((name.upper(), *args))
 
         return queue
+
+
+class _Folded:
+    """How a batch's events came out, folded from its ``apply.lua`` replies: an event's
+    outcome under its keys is the highest (:data:`_PRECEDENCE`)."""
+
+    def __init__(self, count: int) -> None:
+        self.outcomes: list[Outcome] = ["ignored"] * count
+        #: Events with a key whose script did not run.
+        self.failed: set[int] = set()
+        self.new_tasks = self.refused_keys = self.refused_tasks = 0
+
+    def add(self, indexes: Sequence[int], reply: Any) -> None:
+        """One ``apply.lua`` call's ``reply`` for the events at ``indexes``."""
+        if isinstance(reply, Exception):
+            self.failed.update(indexes)
+            return
+        for i, raw in zip(indexes, reply, strict=True):
+            got = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if got == "added":
+                got = "applied"
+                self.new_tasks += 1
+            elif got == "limited":
+                self.refused_tasks += 1
+            elif got == "limited-key":
+                got = "limited"
+                self.refused_keys += 1
+            if _PRECEDENCE[got] > _PRECEDENCE[self.outcomes[i]]:
+                self.outcomes[i] = cast(Outcome, got)
 
 
 def _counts(raw: list[Any]) -> tuple[int, int]:

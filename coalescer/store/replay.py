@@ -15,7 +15,7 @@ from typing import Any
 
 from coalescer import model
 from coalescer.store import keys
-from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
+from coalescer.store.pipelined import NoScript, ReplyError
 from coalescer.store.redis import (
     Store,
     apply_args,
@@ -28,7 +28,7 @@ from coalescer.store.redis import (
 
 async def holds_nothing(store: Store) -> bool:
     """Whether the store's database holds no key at all (a scratch database)."""
-    (size,) = await store._pipeline(lambda pipe: pipe.dbsize())
+    (size,) = await store.pipeline(lambda pipe: pipe.dbsize())
     return int(size) == 0
 
 
@@ -53,12 +53,12 @@ async def drop(store: Store, names: Sequence[str]) -> None:
         pipe.zrem(keys.OUTBOX, *names)
 
     if names:
-        await store._pipeline(fill)
+        await store.pipeline(fill)
 
 
 async def drop_census(store: Store) -> None:
     """Delete the index's size count (a scratch database's, once a policy replay is done)."""
-    await store._pipeline(lambda pipe: pipe.delete(keys.CENSUS))
+    await store.pipeline(lambda pipe: pipe.delete(keys.CENSUS))
 
 
 async def apply_and_ask(
@@ -76,27 +76,22 @@ async def apply_and_ask(
         for k, indexes in apply_calls(by_key(events))
     ]
     t, p, w, d, _ = keys.group(key)
-    if isinstance(store.fast, PipelinedClient) and store._loaded:
+    read = ("snapshot", (t, p, w, d), (initial, now_ms, cap))
+    try:
         # Commands on one connection run in the order sent: the applies before the read.
-        try:
-            sha = store._sha["apply"]
-            sent = [
-                store.fast.execute("EVALSHA", sha, len(names), *names, *args)
-                for names, args in calls
-            ]
-            read = store.fast.execute(
-                "EVALSHA", store._sha["snapshot"], 4, t, p, w, d, initial, now_ms, cap
-            )
-            for reply in sent:
+        sent = store.send_in_order([*(("apply", names, args) for names, args in calls), read])
+        if sent is not None:
+            *applied, asked = sent
+            for reply in applied:
                 await reply
-            return decode_snapshot(await read)
-        except (NoScript, ReplyError):
-            pass  # redis-py reloads the scripts, or raises the real error; applying is idempotent
+            return decode_snapshot(await asked)
+    except (NoScript, ReplyError):
+        pass  # redis-py reloads the scripts, or raises the real error; applying is idempotent
 
     def fill(pipe: Any) -> None:
         for names, args in calls:
-            store._eval(pipe, "apply", names, *args)
-        store._eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
+            store.eval(pipe, "apply", names, *args)
+        store.eval(pipe, "snapshot", (t, p, w, d), initial, now_ms, cap)
 
-    replies = await store._pipeline(fill)
+    replies = await store.pipeline(fill)
     return decode_snapshot(replies[-1])

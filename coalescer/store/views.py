@@ -200,9 +200,9 @@ async def summaries(
 
     def fill(pipe: Any) -> None:
         for key, _ in listed:
-            store._eval(pipe, "summary", keys.group(key)[:4], now_ms, int(tracked))
+            store.eval(pipe, "summary", keys.group(key)[:4], now_ms, int(tracked))
 
-    raw = await store._pipeline(fill)
+    raw = await store.pipeline(fill)
     return [
         KeySummary(key, activity, int(r[0]), None if r[1] is None else int(float(r[1])), int(r[2]))
         for (key, activity), r in zip(listed, raw, strict=True)
@@ -214,12 +214,12 @@ async def key_view(store: Pipelining, key: str, *, now_ms: int, limit: int = 100
     some resolutions are ``superseded``: what superseded them)."""
 
     def fill(pipe: Any) -> None:
-        store._eval(pipe, "inspect", keys.group(key)[:4], now_ms, limit)
+        store.eval(pipe, "inspect", keys.group(key)[:4], now_ms, limit)
         pipe.lrange(keys.log(key), 0, RECENT - 1)
         pipe.lrange(keys.resolutions(key), 0, RECENT - 1)
         pipe.zscore(keys.KEYS_INDEX, key)
 
-    inspected, log, res, activity = await store._pipeline(fill)
+    inspected, log, res, activity = await store.pipeline(fill)
     items = [_text(v) for v in inspected]
     pending = [
         parse_record(items[i], items[i + 1]) for i in range(0, len(items), 2) if items[i + 1]
@@ -248,7 +248,7 @@ async def superseders(store: Pipelining, key: str, task_ids: Sequence[str]) -> d
         pipe.hmget(keys.policy(key)[0], task_ids)
         pipe.hmget(keys.answered(key)[0], task_ids)
 
-    decided, listed = await store._pipeline(fill)
+    decided, listed = await store.pipeline(fill)
     out: dict[str, str] = {}
     for task_id, decision, listing in zip(task_ids, decided, listed, strict=True):
         if decision is not None:
@@ -271,7 +271,7 @@ async def task_view(store: Pipelining, task_id: str, names: Sequence[str]) -> li
             pipe.hget(keys.group(key)[0], task_id)
             pipe.hget(keys.answered(key)[0], task_id)
 
-    raw = await store._pipeline(fill)
+    raw = await store.pipeline(fill)
     found: list[tuple[str, TaskRecord | None, Listing | None]] = []
     for i, key in enumerate(names):
         record, listing = raw[2 * i], raw[2 * i + 1]
@@ -291,7 +291,7 @@ async def task_view(store: Pipelining, task_id: str, names: Sequence[str]) -> li
     wanted = [(key, ids) for key, ids in wanted if ids]
     others: dict[str, dict[str, TaskRecord]] = {}
     if wanted:
-        replies = await store._pipeline(
+        replies = await store.pipeline(
             lambda pipe: [pipe.hmget(keys.group(key)[0], ids) for key, ids in wanted]
         )
         for (key, ids), records in zip(wanted, replies, strict=True):

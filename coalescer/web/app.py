@@ -174,8 +174,10 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         # Forgets keys whose tasks have all expired; counts the index for /metrics.
         supervisor.every(
             "upkeep",
-            upkeep.EVERY,
-            upkeep.rounds(app.state.store, retention=settings.retention),
+            settings.upkeep_seconds,
+            upkeep.rounds(
+                app.state.store, every=settings.upkeep_seconds, retention=settings.retention
+            ),
         )
         listener = None
         if settings.pulse_url is not None and settings.redis_url is None:

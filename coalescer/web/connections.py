@@ -18,7 +18,8 @@ Each web process has a :class:`Gate`, which its connections (server.py's protoco
   longest for its client (idle, or sending a head), so that new clients keep being answered;
   when every other one has a request in flight, the new one is closed instead;
 * what is closed is counted (``coalescer_connections_shed_total{reason}``) and logged: the first
-  at once, then one summary every :data:`REPORT_SECONDS` while it goes on.
+  at once, then one summary every ``report_seconds`` (``COALESCER_CONNECTION_REPORT_SECONDS``)
+  while it goes on.
 
 :func:`plan` keeps the cap, with uvicorn's accept backlog and what the process needs besides,
 below the process's limit of open files, raising its soft limit when the hard limit allows.
@@ -44,7 +45,6 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 RESERVED_FILES = 512
 #: uvicorn's default accept backlog, the most :func:`backlog` gives.
 MAX_BACKLOG = 2048
-REPORT_SECONDS = 10.0
 
 IDLE = "idle"
 SLOW_HEAD = "slow_head"
@@ -61,13 +61,15 @@ _NOUNS = {
 
 @dataclasses.dataclass(frozen=True)
 class ConnectionLimits:
-    """The limits of one web process (``max_connections`` ``None``: no cap), and uvicorn's
-    accept ``backlog`` that goes with them (:func:`backlog`)."""
+    """The limits of one web process (``max_connections`` ``None``: no cap), uvicorn's accept
+    ``backlog`` that goes with them (:func:`backlog`), and the seconds between the log's
+    summaries of the connections closed."""
 
     head_timeout: float = 10.0
     idle_timeout: int = 5
     max_connections: int | None = None
     backlog: int = MAX_BACKLOG
+    report_seconds: float = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +180,7 @@ class Gate:
             return
         level = logging.WARNING if reason in (OVER_LIMIT, REFUSED) else logging.INFO
         log.log(level, "closed a connection from %s: %s", peer, self._why(reason))
-        self._report = self._loop.call_later(REPORT_SECONDS, self._summary)
+        self._report = self._loop.call_later(self.limits.report_seconds, self._summary)
 
     def _summary(self) -> None:
         held, self._held = self._held, collections.Counter()
@@ -192,13 +194,13 @@ class Gate:
             "closed %d more connection%s in the last %g s: %s",
             total,
             "" if total == 1 else "s",
-            REPORT_SECONDS,
+            self.limits.report_seconds,
             ", ".join(
                 f"{n} {_NOUNS[r].format(**dataclasses.asdict(self.limits))}"
                 for r, n in sorted(held.items())
             ),
         )
-        self._report = self._loop.call_later(REPORT_SECONDS, self._summary)
+        self._report = self._loop.call_later(self.limits.report_seconds, self._summary)
 
     def _why(self, reason: str) -> str:
         limits = self.limits

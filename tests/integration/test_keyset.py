@@ -74,7 +74,7 @@ async def test_a_key_that_got_a_task_while_being_swept_is_kept(
 ) -> None:
     await store.apply([ev("A", "k", NOW)], now_ms=NOW)
     later = NOW + GRACE + 1
-    real = store._pipeline
+    real = store.pipeline
     calls = 0
 
     async def pipeline(fill: Callable[[Any], object], **options: Any) -> list[Any]:
@@ -86,7 +86,7 @@ async def test_a_key_that_got_a_task_while_being_swept_is_kept(
         return replies
 
     real_apply = store.apply
-    monkeypatch.setattr(store, "_pipeline", pipeline)
+    monkeypatch.setattr(store, "pipeline", pipeline)
     assert await stored.sweep(store, now_ms=later) == (0, 0)
     monkeypatch.undo()
     assert await store.keys() == [("k", later)]
@@ -198,9 +198,14 @@ async def test_the_web_process_runs_the_upkeep_and_stops_it_on_shutdown(
 ) -> None:
     await redis_client.zadd(keys.KEYS_INDEX, {"old": 1})
     await redis_client.zadd(keys.KEYS_EXPIRY, {"old": 1})
-    app = create_app(Settings.from_environ({"REDIS_URL": redis_url}), store)
+    settings = Settings.from_environ({"REDIS_URL": redis_url, "COALESCER_UPKEEP_SECONDS": "0.2"})
+    app = create_app(settings, store)
     async with app.router.lifespan_context(app):
         await eventually(lambda: _forgotten_and_counted(redis_client))
+        # The next rounds come COALESCER_UPKEEP_SECONDS apart (15 s unless set).
+        await redis_client.zadd(keys.KEYS_INDEX, {"older": 1})
+        await redis_client.zadd(keys.KEYS_EXPIRY, {"older": 1})
+        await eventually(lambda: _forgotten_and_counted(redis_client), seconds=10)
     running = [t for t in asyncio.all_tasks() if t.get_name() == "upkeep"]
     assert running == []
 
@@ -230,7 +235,7 @@ async def raw_transport(store: Store, redis_url: str) -> AsyncIterator[None]:
     a connection each (up to two), so that one is built while Redis runs the other."""
     url = urlsplit(redis_url)
     free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
-    real = store._pipeline
+    real = store.pipeline
 
     async def send(
         conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], commands: list[tuple[Any, ...]]
@@ -271,11 +276,11 @@ async def raw_transport(store: Store, redis_url: str) -> AsyncIterator[None]:
             out.append(callback(reply, **options) if callback else reply)
         return out
 
-    store._pipeline = pipeline  # type: ignore[method-assign]
+    store.pipeline = pipeline  # type: ignore[method-assign]
     try:
         yield
     finally:
-        store._pipeline = real  # type: ignore[method-assign]
+        store.pipeline = real  # type: ignore[method-assign]
         while not free.empty():
             _, writer = free.get_nowait()
             writer.close()

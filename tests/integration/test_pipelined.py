@@ -89,7 +89,7 @@ async def test_answers_for_the_pages_are_written_over_the_lean_writer(
     def no_redis_py(*args: object, **kwargs: object) -> None:
         raise AssertionError("the batch went through redis-py")
 
-    monkeypatch.setattr(store, "_pipeline", no_redis_py)
+    monkeypatch.setattr(store, "pipeline", no_redis_py)
     await store.remember_answers(answers(9))
     log = await logged(redis_client)
     assert [len(v) for v in log.values()] == [3, 3, 3]
@@ -118,7 +118,7 @@ async def test_events_and_counters_are_written_over_the_lean_writer(
     def no_redis_py(*args: object, **kwargs: object) -> None:
         raise AssertionError("the batch went through redis-py")
 
-    monkeypatch.setattr(store, "_pipeline", no_redis_py)
+    monkeypatch.setattr(store, "pipeline", no_redis_py)
     done = TaskEvent("a", 0, "completed", ("k",), 1, NOW + 3_600_000, NOW)
     assert await store.apply([ev("a", 1), ev("b", 2), done], now_ms=NOW) == ["applied"] * 3
     await store.count({"events_applied": 3, "events_stale": 0})

@@ -158,11 +158,10 @@ async def test_no_cap_closes_nothing() -> None:
 
 
 async def test_the_first_close_is_logged_at_once_then_a_summary_with_the_counts(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(connections, "REPORT_SECONDS", 0.05)
     gate = Gate(
-        ConnectionLimits(head_timeout=2, idle_timeout=5, max_connections=10),
+        ConnectionLimits(head_timeout=2, idle_timeout=5, max_connections=10, report_seconds=0.05),
         asyncio.get_running_loop(),
     )
     caplog.set_level(logging.INFO, "coalescer.web")

@@ -46,6 +46,10 @@ def test_secrets_never_print() -> None:
         ({"COALESCER_LEARN_TIMEOUT": "soon"}, "must be a number of seconds"),
         ({"COALESCER_LEARN_TIMEOUT": "0"}, "more than 0 and at most 60"),
         ({"COALESCER_LEARN_TIMEOUT": "nan"}, "more than 0 and at most 60"),
+        ({"COALESCER_UPKEEP_SECONDS": "0"}, "COALESCER_UPKEEP_SECONDS must be more than 0"),
+        ({"COALESCER_UPKEEP_SECONDS": "3601"}, "more than 0 and at most 3600, not 3601"),
+        ({"COALESCER_CONNECTION_REPORT_SECONDS": "often"}, "must be a number of seconds"),
+        ({"COALESCER_CONNECTION_REPORT_SECONDS": "-1"}, "more than 0 and at most 3600"),
         ({"COALESCER_LOG_LEVEL": "LOUD"}, "COALESCER_LOG_LEVEL must be one of DEBUG, INFO"),
         ({"COALESCER_LOG_FORMAT": "yaml"}, "COALESCER_LOG_FORMAT must be one of json, text"),
         ({"WEB_CONCURRENCY": "two"}, "WEB_CONCURRENCY must be a whole number from 1 to 256"),
@@ -80,6 +84,15 @@ def test_unknown_tasks_are_learned_from_the_queue_unless_turned_off() -> None:
     )
     assert (off.learn_unknown, off.learn_timeout) == (False, 0.5)
     assert Settings.from_environ({"COALESCER_LEARN_UNKNOWN": "yes"}).learn_unknown is True
+
+
+def test_the_upkeep_and_the_connection_report_wait_15_and_10_s_unless_set() -> None:
+    s = Settings.from_environ({})
+    assert (s.upkeep_seconds, s.connection_report_seconds) == (15.0, 10.0)
+    s = Settings.from_environ(
+        {"COALESCER_UPKEEP_SECONDS": "0.5", "COALESCER_CONNECTION_REPORT_SECONDS": "120"}
+    )
+    assert (s.upkeep_seconds, s.connection_report_seconds) == (0.5, 120.0)
 
 
 def test_the_history_kept_for_the_charts_is_a_day_of_minutes_unless_set() -> None:

@@ -109,7 +109,7 @@ import asyncio
 from coalescer import observe
 from coalescer.settings import Settings
 class NoStore:
-    async def _pipeline(self, fill):
+    async def pipeline(self, fill):
         from coalescer.errors import StoreUnavailable
         raise StoreUnavailable("not needed here")
 folder = Settings.from_environ().prometheus_multiproc_dir

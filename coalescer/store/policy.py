@@ -315,9 +315,7 @@ async def reserve(
     ``expire_ms``. False while a decision about it is under way. With ``undo``, give it
     back (``ran``): False when it was not the search's (see ``settle.lua``'s ``reserve``)."""
     args = ["reserve", task_id, run, by, rule, reason, now_ms, expire_ms, int(undo)]
-    (raw,) = await store._pipeline(
-        lambda pipe: store._eval(pipe, "settle", keys.settled(key), *args)
-    )
+    (raw,) = await store.pipeline(lambda pipe: store.eval(pipe, "settle", keys.settled(key), *args))
     return bool(int(raw[0]))
 
 

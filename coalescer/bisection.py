@@ -10,8 +10,9 @@ first failing push is it or older; if it passes, newer. :class:`Bisection` keeps
   :meth:`Bisection.record` takes the result. Once ``bad - good == 1`` among the pushes still
   in the search, ``bad`` is the culprit and ``good`` the last good push.
 * With ``parallel`` above 1, :meth:`Bisection.probes` hands out that many runs at once: the
-  pushes left are split into ``parallel + 1`` equal parts (an n-ary search), the primary's
-  confirmation beside the first of them; results may come back in any order.
+  pushes left are cut into ``parallel + 1`` near-equal parts (an n-ary search), the primary's
+  confirmation beside the first cut; a slot that frees cuts the longest stretch left between
+  the pushes still running; results may come back in any order.
 * A failure is confirmed by reruns before the search narrows on it, as many as it takes for the
   push to be broken with probability ``confidence`` given the key's ``flake`` rate
   (:mod:`coalescer.verdicts`), and at most ``confirm``: a rerun that passes makes the push
@@ -173,11 +174,17 @@ class Bisection:
             return out  # the primary is being confirmed (one at a time), or was dropped
         if self.verdicts.get(self.n) is True:
             return out  # the primary's failure was intermittent
-        # Where the slots not taken by confirmations split what is left, those running
-        # included: a push handed out before is one of the points, not a reason to move them.
+        # The slots not taken by confirmations split what is left, those running included: a
+        # push handed out before is one of the points, not a reason to move them. Pushes
+        # running elsewhere in it (handed out beside a confirmation that has ended since) are
+        # cuts of their own: the free slots take the middles of the longest stretches left.
         left = [i for i in self.candidates if i not in self._failures]
-        points = [i for i in _split(left, self.parallel - len(confirming)) if i not in running]
-        return out + [Probe(i, 0) for i in points[: max(0, slots - len(out))]]
+        free = max(0, slots - len(out))
+        points = _cut(left, [], self.parallel - len(confirming))
+        inside = [i for i in running if i in left]
+        if not set(inside) <= set(points):
+            points = _cut(left, inside, free)
+        return out + [Probe(i, 0) for i in points if i not in running][:free]
 
     def next(self) -> Probe | None:
         """What to run next, one run at a time; None when the search is over."""
@@ -282,11 +289,25 @@ class Bisection:
         return held | set(self._failures)
 
 
-def _split(left: list[int], parts: int) -> list[int]:
-    """``parts`` pushes of ``left`` (in order) that split it into ``parts + 1`` near-equal
-    runs of pushes: with one, the middle push."""
-    k = min(max(parts, 0), len(left))
-    return [left[(j * (len(left) + 1)) // (k + 1) - 1] for j in range(1, k + 1)]
+def _cut(left: list[int], cuts: list[int], more: int) -> list[int]:
+    """Up to ``more`` pushes of ``left`` (in order) that, beside the ``cuts`` already made
+    (pushes of ``left`` running), leave the shortest stretches of pushes between cuts: each
+    the middle of the longest stretch left (the newer one on a tie). With no cuts, they split
+    ``left`` near-evenly (one: its middle push)."""
+    if not cuts:  # an n-ary split: ``more + 1`` near-equal parts
+        k = min(max(more, 0), len(left))
+        return [left[(j * (len(left) + 1)) // (k + 1) - 1] for j in range(1, k + 1)]
+    at = sorted(left.index(c) for c in cuts)
+    found: list[int] = []
+    for _ in range(more):
+        bounds = [-1, *at, len(left)]
+        gap, j = max((bounds[j + 1] - bounds[j] - 1, j) for j in range(len(bounds) - 1))
+        if gap <= 0:
+            break
+        middle = (bounds[j] + bounds[j + 1]) // 2
+        found.append(left[middle])
+        at = sorted([*at, middle])
+    return found
 
 
 def stand_ins(search: Bisection) -> dict[int, int]:
@@ -312,19 +333,19 @@ def stand_ins(search: Bisection) -> dict[int, int]:
 def contradicted(
     good: float | None, culprit: float, known: Mapping[str, tuple[float, str]]
 ) -> list[str]:
-    """The tasks whose own result contradicts a culprit at order ``culprit`` with the last good
-    at order ``good`` (None: none): tasks of the key that failed or are running outside the
-    search (on another worker, or by themselves), ordered below the culprit and above the
-    newest task known to pass below it. With any, the culprit may not be the first failing
-    push after a passing one, whatever the search's own runs said. ``known``: taskId -> (order, state), as the index
-    holds them."""
+    """The tasks whose fate leaves a culprit at order ``culprit`` unsure, with the last good
+    at order ``good`` (None: none): tasks of the key outside the search, ordered below the
+    culprit and above the newest task known to pass below it, that did not pass (failed,
+    running or pending, or ended without a result of their own). With any, the culprit may
+    not be the first failing push after a passing one, whatever the search's own runs said.
+    ``known``: taskId -> (order, state), as the index holds them."""
     low = float("-inf") if good is None else good
     passed = [order for order, state in known.values() if state == "completed" and order < culprit]
     floor = max([low, *passed])
     return sorted(
         task_id
         for task_id, (order, state) in known.items()
-        if state in ("failed", "running") and floor < order < culprit
+        if state != "completed" and floor < order < culprit
     )
 
 

@@ -179,12 +179,12 @@ class Searcher:
             # Once, before anything runs: the key's flake rate from what its searches saw, and
             # the pushes of the gap the primary did not hold.
             doc["flake"] = verdicts.flake_rate(await bisections.recent(self.store, key, FLAKES))
-            await self._widen(key, primary, doc)
+            moves = await self._widen(key, primary, doc)
             if not doc["victims"]:
                 # Nothing held, no gap: the failure is the push's own result; no search.
                 await self._searched(key, primary, doc)
-                return await self._write(key, primary, raw, None, [])
-            return await self._write(key, primary, raw, doc, [])
+                return await self._write(key, primary, raw, None, moves)
+            return await self._write(key, primary, raw, doc, moves)
         probes = _probes(doc)
         now = self.now_ms()
         for under_way in list(probes):
@@ -268,23 +268,43 @@ class Searcher:
         )
         return True
 
-    async def _widen(self, key: str, primary: str, doc: dict[str, Any]) -> None:
+    async def _widen(self, key: str, primary: str, doc: dict[str, Any]) -> list[outbox.Move]:
         """Add to the search the pushes of the gap the primary did not hold: every task of the
         key between the newest that passed and the primary that a decision superseded or
         canceled, or that failed on its own, and, through the primary's dependencies, the
         tasks never scheduled because a decision superseded their dependency (found with
         ``listDependentTasks``; placed by their rank tag). Each is run again when probed,
         after the dependencies it lacks (``doc["gap"]``: taskId -> ``[[dependency, its key,
-        its last run], ...]``). The newest :data:`MAX_GAP` at most."""
+        its last run], ...]``). The newest :data:`MAX_GAP` at most. A held victim older than
+        the newest push that passed is out of the search: that pass stands for it (the
+        moves returned supersede it)."""
         known = await self.store.all_known(key)
         top = known.get(primary)
         if top is None:
-            return
+            return []
         # Held by this search, or failed primaries of other searches (theirs to rerun).
         held = {v[0] for v in doc["victims"]} | set(await outbox.searches(self.store, key))
         passed = [r for r in known.values() if r.state == "completed" and r.order < top.order]
         floor = max(passed, key=lambda r: (r.order, r.task_id)) if passed else None
         low = float("-inf") if floor is None else floor.order
+        moves = []
+        if floor is not None:
+            below = [v for v in doc["victims"] if v[0] in known and known[v[0]].order < low]
+            for victim, _, _ in below:
+                why = f"bisection after {primary} failed: {floor.task_id} passed, newer"
+                moves.append(
+                    outbox.Move(
+                        victim,
+                        "bisecting",
+                        "settling",
+                        "supersede",
+                        floor.task_id,
+                        floor.run_id,
+                        why,
+                        emit=True,
+                    )
+                )
+            doc["victims"] = [v for v in doc["victims"] if v not in below]
         found: dict[str, tuple[float, int, int]] = {}  # taskId -> (order, run, deadline)
         for r in known.values():
             if r.task_id in held or not low < r.order < top.order:
@@ -328,7 +348,7 @@ class Searcher:
                         found[t.task_id] = (t.order, -1, t.deadline_ms)
                     needs.setdefault(t.task_id, []).append([b.task_id, dkey, b.run_id])
         if not found:
-            return
+            return moves
         newest = sorted(found, key=lambda t: (found[t][0], t), reverse=True)[:MAX_GAP]
         rows = [[t, found[t][1], found[t][2]] for t in newest]
 
@@ -347,6 +367,7 @@ class Searcher:
             len(newest),
             len(doc["victims"]) - len(newest),
         )
+        return moves
 
     async def _run_gap(
         self, key: str, primary: str, doc: Mapping[str, Any], i: int, run: int, now: int
@@ -369,7 +390,9 @@ class Searcher:
             if record is not None and record.run_id > drun:
                 return "out" if state in ("failed", "exception") else "wait"
             under_way = state in ("pending", "running")
-            if state == "failed" or not (under_way or await self._ended_by_decision(dkey, dep)):
+            if state == "failed" or not (
+                under_way or await self._ended_by_decision(dkey, dep, primary)
+            ):
                 return "out"  # broken, or ended by a person or the queue: nothing to learn
             # Taken from its key's decisions: its own run, or the one the search asks for.
             if not await outbox.reserve(
@@ -427,11 +450,15 @@ class Searcher:
         await outbox.reserve(self.store, key, primary, run=run, reason=why, **common)
         await outbox.reserve(self.store, key, primary, run=run, reason=why, undo=True, **common)
 
-    async def _ended_by_decision(self, key: str, task_id: str) -> bool:
-        """Whether a decision (superseded, canceled) ended ``task_id``'s run: a search may run
-        it again."""
+    async def _ended_by_decision(self, key: str, task_id: str, searcher: str = "") -> bool:
+        """Whether a decision (superseded, canceled) ended ``task_id``'s run, so that a search
+        may run it again, or the search after ``searcher`` took it for that already."""
         decided = await records.decision(self.store, key, task_id)
-        return decided is not None and decided.state in _ENDED_BY_DECISION
+        if decided is None:
+            return False
+        return decided.state in _ENDED_BY_DECISION or (
+            decided.state == "probing" and decided.by == searcher
+        )
 
     async def _confirm(
         self, key: str, primary: str, raw: str, doc: dict[str, Any], i: int, attempt: int, now: int
@@ -634,10 +661,9 @@ class Searcher:
             def order(i: int) -> float:
                 return known.get(_task(doc, i), (float("nan"), ""))[0]
 
-            # The pushes the search has a verdict for are its own; any other between the last
-            # good and the culprit (out of the search, or outside it) that did not pass
-            # leaves the culprit unsure.
-            ours = {_task(doc, i) for i in search.verdicts}
+            # A push between the last good and the culprit that did not pass leaves the
+            # culprit unsure: one outside the search, or one the search dropped.
+            ours = {_task(doc, i) for i in range(n + 1)}
             outside = {t: k for t, k in known.items() if t not in ours}
             against = contradicted(None if good is None else order(good), order(named), outside)
             against += [

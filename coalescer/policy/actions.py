@@ -341,7 +341,7 @@ class Actions:
             self.kept_said = True
             log.warning(
                 "the queue will not raise the priority of %s, a task it resolved before and "
-                "runs again (a bisection's confirmation): it waits at priority %s like any "
+                "runs again (a bisection's rerun): it waits at priority %s like any "
                 "task; said once",
                 task_id,
                 priority,

@@ -143,6 +143,15 @@ def _last_run(doc: Mapping[str, Any], i: int) -> int:
     return int(doc["primaryRun"] if i == len(victims) else victims[i][1])
 
 
+def _floor(doc: Mapping[str, Any], culprit: int | None) -> dict[str, Any] | None:
+    """With no push of the search passing below the culprit, the newest of the key that passed
+    before it (the gap's floor), when the search has one."""
+    floor = doc.get("floor")
+    if culprit is None or floor is None:
+        return None
+    return {"taskId": floor[0], "runId": int(floor[1])}
+
+
 def _when(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
@@ -162,6 +171,8 @@ class Searcher:
         self.refused = False
         #: Whether the queue refused to raise a priority (said once in the log).
         self.unraised = False
+        #: Runs of the gap's pushes raised once the queue scheduled them: (taskId, runId).
+        self.raised: set[tuple[str, int]] = set()
 
     async def carry_on(self, key: str, primary: str) -> int:
         """Take every step of ``primary``'s search that can be taken now; how many."""
@@ -287,6 +298,8 @@ class Searcher:
         passed = [r for r in known.values() if r.state == "completed" and r.order < top.order]
         floor = max(passed, key=lambda r: (r.order, r.task_id)) if passed else None
         low = float("-inf") if floor is None else floor.order
+        if floor is not None:
+            doc["floor"] = [floor.task_id, floor.run_id]
         moves = []
         if floor is not None:
             below = [v for v in doc["victims"] if v[0] in known and known[v[0]].order < low]
@@ -343,9 +356,17 @@ class Searcher:
                     if key not in t.keys or t.task_id in held:
                         continue
                     if t.task_id not in found:
-                        if t.ran or t.order is None or not low < t.order < top.order:
-                            continue  # ran, or cannot be placed without a rank tag
-                        found[t.task_id] = (t.order, -1, t.deadline_ms)
+                        record = known.get(t.task_id)
+                        if record is not None and record.state == "exception":
+                            # Canceled with its dependency (cascade), or by a person.
+                            at = (record.order, record.run_id, record.deadline_ms)
+                        elif record is None and not t.ran and t.order is not None:
+                            at = (t.order, -1, t.deadline_ms)  # never scheduled
+                        else:
+                            continue  # its result is its own, or no rank tag places it
+                        if not low < at[0] < top.order:
+                            continue
+                        found[t.task_id] = at
                     needs.setdefault(t.task_id, []).append([b.task_id, dkey, b.run_id])
         if not found:
             return moves
@@ -382,6 +403,19 @@ class Searcher:
         if deadline <= now + 2 * int(doc["longest"]):
             return "out"
         why = f"run again for the bisection after {primary} failed"
+        # Taken from the key's decisions first: its run may come of its dependencies' own.
+        if not await outbox.reserve(
+            self.store,
+            key,
+            task_id,
+            run=run + 1,
+            by=primary,
+            rule=doc["rule"],
+            reason=why,
+            now_ms=now,
+            expire_ms=deadline,
+        ):
+            return "out"
         for dep, dkey, drun in doc["gap"][task_id]:
             record = (await self.store.known(dkey, [dep])).get(dep)
             state = "" if record is None else record.state
@@ -414,18 +448,6 @@ class Searcher:
                 return "out"
             await self._raise(primary, dep)
             return "wait"
-        if not await outbox.reserve(
-            self.store,
-            key,
-            task_id,
-            run=run + 1,
-            by=primary,
-            rule=doc["rule"],
-            reason=why,
-            now_ms=now,
-            expire_ms=deadline,
-        ):
-            return "out"
         done = await self.actions.rerun(task_id, run)
         if done.state != "rerun":
             return "out"
@@ -570,6 +592,10 @@ class Searcher:
             if record.run_id > run and record.state == "exception":
                 passed = None  # no verdict on the code
             elif record.run_id > run:
+                if record.state == "pending" and (task_id, record.run_id) not in self.raised:
+                    # Scheduled by the queue once its dependencies completed: to the front.
+                    self.raised.add((task_id, record.run_id))
+                    await self._raise(primary, task_id)
                 return False  # pending or running
             elif await self._run_gap(key, primary, doc, i, run, now) == "out":
                 passed = None
@@ -733,7 +759,7 @@ class Searcher:
             "suspect": None if culprit is None or culprit == named else ref(culprit),
             "probability": None if culprit is None else round(search.probability(culprit), 6),
             "flake": round(search.flake, 6),
-            "lastGood": None if good is None else ref(good),
+            "lastGood": ref(good) if good is not None else _floor(doc, culprit),
             "runs": [ref(n, int(doc["primaryRun"])) | first]
             + [
                 ref(r["i"], r["run"])

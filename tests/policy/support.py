@@ -41,10 +41,19 @@ def rule(key: str = "k", **fields: Any) -> Policy:
 
 
 class Loop:
-    def __init__(self, emulator: QueueEmulator, store: Store, policy: Policy) -> None:
+    def __init__(
+        self,
+        emulator: QueueEmulator,
+        store: Store,
+        policy: Policy,
+        rank_tag: str | None = None,
+    ) -> None:
         self.em = emulator
         self.store = store
         self.policy = policy
+        #: The task tag that orders a key's tasks (COALESCER_RANK_TAG), for the index and
+        #: the enforcer alike; None: the first run's scheduled time.
+        self.rank_tag = rank_tag
         self.fed = 0
 
     def now_ms(self) -> int:
@@ -65,7 +74,7 @@ class Loop:
         for doc in messages:
             if doc["exchange"].rsplit("/", 1)[-1] not in EXCHANGE_STATES:
                 continue  # the consumer binds the task state exchanges only
-            event = to_event(Message.from_json(doc), prefix="coalesce.v1")
+            event = to_event(Message.from_json(doc), prefix="coalesce.v1", rank_tag=self.rank_tag)
             if event is not None:
                 events.append(event)
         if not events:
@@ -107,7 +116,14 @@ class Loop:
         async with aiohttp.ClientSession() as session, httpx.AsyncClient() as http:
             conn = Connection(self.em.root_url, session, max_retries=0)
             queue = self.em.aio_queue(session=session)
-            actions = Actions(queue, conn, http, supersede_as=mode, clock=self.em.clock.now)
+            actions = Actions(
+                queue,
+                conn,
+                http,
+                supersede_as=mode,
+                clock=self.em.clock.now,
+                rank_tag=self.rank_tag,
+            )
             options = {"lease_ms": 5000, "poll": 0.02, "tick": 3600.0} | options
             yield Enforcer(
                 self.store,

@@ -1,0 +1,164 @@
+"""The search covers the gap, not only what the primary held: pushes of its key that an earlier
+decision superseded or canceled, and pushes never scheduled because a decision superseded
+their dependency, run again (after what they lack) at the front of the queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from coalescer.emulator.harness import QueueEmulator
+from coalescer.policy.rules import Policy
+from coalescer.store import Store, bisections
+from coalescer.store import lineage as records
+from tests.policy.support import Loop, policy
+from tests.policy.test_bisect import enforce, priority
+
+pytestmark = pytest.mark.integration
+
+
+def gap_policy(confirm: int = 0, cascade: str = "cancel") -> Policy:
+    return policy(
+        f"""
+rules:
+  - keys: "**"
+    strategy: latest-wins
+    cascade: {cascade}
+    supersede-running: true
+    on-primary-failure: bisect
+    bisect-confirm: {confirm}
+    bisect-parallel: 1
+"""
+    )
+
+
+async def lineage_state(loop: Loop, key: str, task_id: str) -> str | None:
+    found = await records.decision(loop.store, key, task_id)
+    return None if found is None else found.state
+
+
+async def test_a_culprit_canceled_by_an_earlier_decision_runs_again_and_is_named(
+    queue_emulator: QueueEmulator, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop = Loop(queue_emulator, store, gap_policy())
+    good = loop.create()
+    loop.resolve(loop.claim(good), "completed")
+    culprit = loop.create()
+    claim = loop.claim(culprit)  # running on a worker when a newer push arrives
+    newest = loop.create()
+    await loop.feed()
+    await enforce(loop, "e1")
+    # An earlier decision: the running culprit was canceled for the newest push.
+    assert loop.last_run(culprit)["reasonResolved"] == "canceled"
+    assert await lineage_state(loop, "k", culprit) == "canceled"
+    del claim
+    loop.resolve(loop.claim(newest), "failed")
+    await enforce(loop, "e1")
+    # The newest push held nothing; the canceled push of its gap runs again. The queue (as
+    # release 106's) will not change the priority of a task it resolved before: it keeps its
+    # place in line, said once.
+    assert loop.last_run(culprit)["state"] == "pending"
+    assert priority(loop, culprit) == "lowest"
+    said = [r for r in caplog.records if "will not raise the priority" in r.getMessage()]
+    assert len(said) == 1 and culprit in said[0].getMessage()
+    assert await lineage_state(loop, "k", culprit) == "probing"
+    loop.resolve(loop.claim(culprit), "failed")
+    await enforce(loop, "e1")
+    [finding] = await bisections.for_task(loop.store, ["k"], newest)
+    assert finding["verdict"] == "culprit"
+    assert finding["culprit"] == {"taskId": culprit, "runId": 1}
+    assert finding["lastGood"] == {"taskId": good, "runId": 0}
+    assert (finding["held"], finding["gap"], finding["extraRuns"]) == (0, 1, 1)
+    assert await lineage_state(loop, "k", culprit) == "ran"
+    # Its failure delivered again starts no second search.
+    loop.fed = 0
+    await enforce(loop, "e1")
+    assert len(await bisections.for_task(loop.store, ["k"], newest)) == 1
+    assert loop.last_run(newest)["runId"] == 0
+
+
+def push(loop: Loop, n: int) -> tuple[str, str]:
+    """Push ``n``: a build and the test that depends on it, ranked by their ``push`` tag."""
+    tags = {"push": str(n)}
+    build = loop.create("build", tags=tags)
+    test = loop.create("test", tags=tags, dependencies=[build])
+    return build, test
+
+
+async def test_a_push_never_scheduled_runs_its_superseded_build_then_its_test(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = Loop(queue_emulator, store, gap_policy(), rank_tag="push")
+    b0, t0 = push(loop, 0)
+    loop.resolve(loop.claim(b0), "completed")
+    loop.em.wait_for_message("task-pending", t0)  # the queue's dependency resolver
+    loop.resolve(loop.claim(t0), "completed")
+    b1, t1 = push(loop, 1)
+    b2, t2 = push(loop, 2)
+    await loop.feed()
+    await enforce(loop, "e1")
+    # The newer build holds the older; it completes, and the older is superseded by it:
+    # push 1's test never runs (canceled with its build: cascade).
+    loop.resolve(loop.claim(b2), "completed")
+    loop.em.wait_for_message("task-pending", t2)
+    await loop.feed()
+    await enforce(loop, "e1")
+    assert loop.last_run(b1)["reasonResolved"] == "superseded"
+    assert loop.last_run(t1)["reasonResolved"] == "canceled"
+    # Push 1 broke the test: push 2's test fails.
+    loop.resolve(loop.claim(t2), "failed")
+    await enforce(loop, "e1")
+    # Push 1's build runs again first (the queue keeps a resolved task's priority), taken
+    # from its key's decisions; its test, taken from the test key's, waits for it.
+    assert loop.last_run(b1)["state"] == "pending"
+    assert await lineage_state(loop, "build", b1) == "probing"
+    assert await lineage_state(loop, "test", t1) == "probing"
+    assert loop.last_run(t1)["state"] == "exception"
+    loop.resolve(loop.claim(b1), "completed")
+    await enforce(loop, "e1")
+    # Then the test runs again.
+    assert loop.last_run(t1)["state"] == "pending"
+    loop.resolve(loop.claim(t1), "failed")
+    await enforce(loop, "e1")
+    [finding] = await bisections.for_task(loop.store, ["test"], t2)
+    assert finding["verdict"] == "culprit"
+    assert finding["culprit"] == {"taskId": t1, "runId": 1}
+    assert finding["lastGood"] == {"taskId": t0, "runId": 0}
+    assert (finding["held"], finding["gap"]) == (0, 1)
+    # The build the search ran goes back to its key's decisions.
+    assert await lineage_state(loop, "build", b1) == "ran"
+    assert await lineage_state(loop, "test", t1) == "ran"
+
+
+async def test_a_test_never_scheduled_is_scheduled_by_its_build_and_jumps_the_queue(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = Loop(queue_emulator, store, gap_policy(cascade="leave"), rank_tag="push")
+    b0, t0 = push(loop, 0)
+    loop.resolve(loop.claim(b0), "completed")
+    loop.em.wait_for_message("task-pending", t0)
+    loop.resolve(loop.claim(t0), "completed")
+    b1, t1 = push(loop, 1)
+    b2, t2 = push(loop, 2)
+    await loop.feed()
+    await enforce(loop, "e1")
+    loop.resolve(loop.claim(b2), "completed")
+    loop.em.wait_for_message("task-pending", t2)
+    await loop.feed()
+    await enforce(loop, "e1")
+    # Left as it was with its build superseded: push 1's test is never scheduled.
+    assert loop.status(t1)["state"] == "unscheduled"
+    loop.resolve(loop.claim(t2), "failed")
+    await enforce(loop, "e1")
+    assert loop.last_run(b1)["state"] == "pending"
+    assert loop.status(t1)["state"] == "unscheduled"
+    loop.resolve(loop.claim(b1), "completed")
+    loop.em.wait_for_message("task-pending", t1)  # the queue schedules it
+    await enforce(loop, "e1")
+    # Never resolved before: it goes to the front of its task queue.
+    assert loop.last_run(t1)["state"] == "pending"
+    assert priority(loop, t1) == "highest"
+    loop.resolve(loop.claim(t1), "failed")
+    await enforce(loop, "e1")
+    [finding] = await bisections.for_task(loop.store, ["test"], t2)
+    assert finding["culprit"] == {"taskId": t1, "runId": 0}
+    assert finding["lastGood"] == {"taskId": t0, "runId": 0}

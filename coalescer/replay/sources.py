@@ -271,6 +271,7 @@ def from_task_groups(
     workers: Mapping[str, int] | None = None,
     default_workers: int | None = None,
     evidence: Evidence | None = None,
+    source: str | None = None,
 ) -> History:
     """A history from task groups, read with ``queue`` (a ``taskcluster.Queue``), which also
     gives the ``superseded-by.json`` of the runs that may have been superseded (``evidence``
@@ -299,6 +300,6 @@ def from_task_groups(
         tasks,
         workers=workers,
         default_workers=default_workers,
-        source="task groups " + ", ".join(ids),
+        source=source or "task groups " + ", ".join(ids),
         **observed,
     )

@@ -67,6 +67,9 @@ class TaskSpec:
     broken: bool = False
     #: The task group it belongs to, when recorded.
     group: str = ""
+    #: How long the queue's resolver took to make it pending once its dependencies completed,
+    #: as recorded (``None``: not recorded; the history's :attr:`History.resolver_lag_ms`).
+    lag_ms: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -540,7 +540,8 @@ class Pool:
             for d in self.dependents.get(i, ()):
                 self.blocked[d] -= 1
                 if not self.blocked[d]:  # pending once the queue's resolver gets to it
-                    at = now + self.history.resolver_lag_ms
+                    lag = self.tasks[d].lag_ms
+                    at = now + (self.history.resolver_lag_ms if lag is None else lag)
                     self._at(max(at, self.tasks[d].scheduled_ms), _ARRIVE, d)
 
     def _finish(self, now: int, primary: int, run: int) -> None:

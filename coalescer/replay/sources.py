@@ -28,7 +28,7 @@ from coalescer.ingest.events import EXCHANGE_PREFIX, Message, exchange_state, st
 from coalescer.model import keys_from_routes, parse_time_ms
 from coalescer.replay import capacity, probes, runs
 from coalescer.replay.history import History, TaskSpec, priority_rank
-from coalescer.replay.lags import resolver_lag_ms
+from coalescer.replay.lags import resolver_lag_ms, with_gaps
 from coalescer.replay.links import Evidence, LinkError
 
 
@@ -153,6 +153,7 @@ def _specs(
     except LinkError as exc:
         raise SourceError(str(exc)) from exc
     pending = {t.task_id: parse_time_ms(t.runs[0]["scheduled"]) for t in recorded if t.runs}
+    specs = with_gaps(specs, pending)
     observed = {
         "unchecked": unchecked,
         "resolver_lag_ms": resolver_lag_ms(specs, pending),

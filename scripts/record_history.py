@@ -78,9 +78,7 @@ class Scenario:
             if n:
                 await asyncio.sleep(EVERY)
             build = self.create("build", f"sleep {BUILD}", asking="build" in asking)
-            self.create(
-                "test", f"sleep {TEST}", asking="test" in asking, dependencies=[build]
-            )
+            self.create("test", f"sleep {TEST}", asking="test" in asking, dependencies=[build])
             if mac:
                 self.create("mac", f"sleep {MAC}", asking="mac" in asking)
 
@@ -217,10 +215,10 @@ async def record(name: str, out: Path) -> Path:
             print(f"{name}: settled in {time.monotonic() - started:.0f} s", file=sys.stderr)
             answers = await asyncio.to_thread(_read, queue, run, s.service)
         finally:
+            for line in loop.stop():  # first: the messages of the clean-up are not the run's
+                print(f"{name}: {line}", file=sys.stderr)
             with contextlib.suppress(Exception):
                 queue.clean_up()
-            for line in loop.stop():
-                print(f"{name}: {line}", file=sys.stderr)
     path = out / f"{name}.json"
     answers.save(path)
     return path

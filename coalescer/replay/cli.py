@@ -263,23 +263,23 @@ def _history(
                 )
         if args.recorded:
             answers = recorded.Answers.load(args.recorded)
-            queue, evidence, groups = recorded.replaying(answers)
+            stored, replayed, groups = recorded.replaying(answers)
             return sources.from_task_groups(
-                queue,
+                stored,
                 groups,
                 prefix=answers.prefix or prefix,
                 rank_tag=rank_tag,
                 workers=workers,
                 default_workers=default,
-                evidence=evidence,
+                evidence=replayed,
                 source=f"recorded history ({Path(args.recorded).name})",
             )
         if args.task_group:
             if evidence.queue is None:
                 raise ConfigError("--task-group needs TASKCLUSTER_ROOT_URL")
-            queue = evidence.queue
+            queue, kept = evidence.queue, None
             if args.save:
-                queue, evidence = recorded.recording(queue, evidence)
+                queue, kept = recorded.recording(queue, evidence)
             history = sources.from_task_groups(
                 queue,
                 args.task_group,
@@ -287,10 +287,14 @@ def _history(
                 rank_tag=rank_tag,
                 workers=workers,
                 default_workers=default,
-                evidence=evidence,
+                evidence=kept or evidence,
             )
-            if args.save:
-                evidence.answers.save(args.save)
+            if kept is not None:
+                kept.answers.prefix = prefix
+                try:
+                    kept.answers.save(args.save)
+                except OSError as exc:
+                    raise ConfigError(f"cannot write {args.save}: {exc.strerror}") from exc
             return history
         if args.save:
             raise ConfigError("--save needs --task-group")
@@ -315,7 +319,7 @@ def _history(
         history = synthetic.generate(spec)
         return dataclasses.replace(history, workers={**history.workers, **workers})
     except OSError as exc:
-        raise ConfigError(f"cannot read or write {exc.filename}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from exc
     except InvalidInput as exc:
         raise ConfigError(str(exc)) from exc
 

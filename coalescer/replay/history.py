@@ -70,6 +70,9 @@ class TaskSpec:
     #: How long the queue's resolver took to make it pending once its dependencies completed,
     #: as recorded (``None``: not recorded; the history's :attr:`History.resolver_lag_ms`).
     lag_ms: int | None = None
+    #: How long it waited to be claimed, pending while a worker of its queue waited in
+    #: ``claimWork``, as recorded (``None``: not recorded; :attr:`History.claim_wait_ms`).
+    wait_ms: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,6 +152,10 @@ class History:
     #: synthetic history), ``history`` (its curve), ``peak``, ``default`` (``--workers N``)
     #: or ``borrowed`` (from the queue its task group used most).
     sized: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: How long a task that becomes pending while a worker waits in ``claimWork`` waits to be
+    #: claimed: the queue answers a waiting worker at its next poll of the pending tasks (every
+    #: second on a real queue), as the history shows it (0 for a synthetic history).
+    claim_wait_ms: int = 0
 
     @classmethod
     def build(
@@ -164,6 +171,7 @@ class History:
         broken_rates: Mapping[str, float] | None = None,
         resolver_lag_ms: int = 0,
         curves: Mapping[str, Curve] | None = None,
+        claim_wait_ms: int = 0,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
         where given, else its ``curves`` (the workers seen over time), else the recorded peak
@@ -217,6 +225,7 @@ class History:
             resolver_lag_ms,
             follow,
             sized,
+            claim_wait_ms,
         )
 
     def fails(self, task: TaskSpec, run: int, seed: int = 0) -> bool:

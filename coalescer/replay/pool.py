@@ -224,6 +224,8 @@ class Pool:
         self.pending = 0
         #: A running primary's end: ``(finish_ms, secondaries)``; canceled runs are removed.
         self.running: dict[int, tuple[int, list[int]]] = {}
+        #: When a running task's run begins, for those claimed with a wait (see :meth:`_wait`).
+        self.begins: dict[int, int] = {}
         #: A worker's secondary -> its primary; the enforcer's held victims.
         self.secondary_of: dict[int, int] = {}
         self.enforcer_holds: set[int] = set()
@@ -405,8 +407,9 @@ class Pool:
             finish, secondaries = self.running.pop(i)
             task = self.tasks[i]
             self._free(task.task_queue)
-            self.out.worker_ms -= finish - now
-            self.out.worked_ms[i] -= finish - now
+            unrun = finish - max(now, self.begins.pop(i, now))  # none while it waited
+            self.out.worker_ms -= unrun
+            self.out.worked_ms[i] -= unrun
             for j in secondaries:
                 if self.secondary_of.get(j) == i:
                     del self.secondary_of[j]
@@ -474,11 +477,20 @@ class Pool:
                 self._record(i, "running", now)
                 claimed.append(i)
         for i in claimed:
-            await self._claim(i, now)
+            await self._claim(i, now, self._wait(i, now))
 
-    async def _claim(self, i: int, now: int) -> None:
+    def _wait(self, i: int, now: int) -> int:
+        """How long task ``i``, claimed now, waits for its run to start: a task that became
+        pending at this instant reached a worker already waiting in ``claimWork``, which the
+        queue answers at its next poll (the task's recorded wait, else the history's)."""
+        if self.since[i] != now:
+            return 0
+        wait = self.tasks[i].wait_ms
+        return self.history.claim_wait_ms if wait is None else wait
+
+    async def _claim(self, i: int, now: int, wait: int = 0) -> None:
         """A worker that claimed task ``i`` asks (when its key supersedes on claim), holds what
-        it can of the answer and runs the newest it holds."""
+        it can of the answer and runs the newest it holds, ``wait`` after the claim."""
         task = self.tasks[i]
         held = [i]
         if self.index is not None and task.keys and self.index.asks(task):
@@ -506,10 +518,12 @@ class Pool:
         duration = self.durations.of(self.tasks[primary])
         self.out.worker_ms += duration
         self.out.worked_ms[primary] += duration
-        self.running[primary] = (now + duration, secondaries)
+        self.running[primary] = (now + wait + duration, secondaries)
+        if wait:
+            self.begins[primary] = now + wait
         for j in secondaries:
             self.secondary_of[j] = primary
-        self._at(now + duration, _FINISH, (primary, self.out.runs[primary]))
+        self._at(now + wait + duration, _FINISH, (primary, self.out.runs[primary]))
 
     def _claimable(self, j: int, initial: TaskSpec, now: int) -> bool:
         other = self.tasks[j]

@@ -61,9 +61,7 @@ class Answers:
             ref = (str(item["taskId"]), int(item["runId"]))
             has = "primary" in item
             links[ref] = Link(str(item["primary"]), bool(item["cascade"])) if has else None
-        identities = frozenset(
-            tuple(i.split("/", 1)) for i in doc.get("enforcerIdentities", ())
-        )
+        identities = frozenset(tuple(i.split("/", 1)) for i in doc.get("enforcerIdentities", ()))
         return cls(
             groups={str(g): list(tasks) for g, tasks in doc.get("taskGroups", {}).items()},
             links=links,
@@ -73,7 +71,7 @@ class Answers:
         )
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_bytes(orjson.dumps(self.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+        Path(path).write_bytes(orjson.dumps(self.to_json()) + b"\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Answers:
@@ -86,18 +84,30 @@ class Answers:
         return cls.from_json(doc)
 
 
+#: What a recording leaves out of each task's definition: nothing the replay reads, and what
+#: may be private (commands, their environment, scopes).
+LEFT_OUT = frozenset({"payload", "metadata", "scopes", "extra"})
+
+
+def kept(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``listTaskGroup`` entry as a recording keeps it: its status, and its definition
+    without :data:`LEFT_OUT`."""
+    definition = {k: v for k, v in entry["task"].items() if k not in LEFT_OUT}
+    return {"task": definition, "status": entry["status"]}
+
+
 class RecordingQueue:
     """A queue client that keeps every task ``listTaskGroup`` gives, page by page."""
 
     def __init__(self, queue: Any, answers: Answers) -> None:
         self._queue, self._answers = queue, answers
 
-    def listTaskGroup(self, group: str, query: Mapping[str, str] | None = None) -> Any:  # noqa: N802 (the client's name)
+    def listTaskGroup(self, group: str, query: Mapping[str, str] | None = None) -> Any:
         page = self._queue.listTaskGroup(group, query=dict(query or {}))
-        self._answers.groups.setdefault(group, []).extend(page["tasks"])
+        self._answers.groups.setdefault(group, []).extend(map(kept, page["tasks"]))
         return page
 
-    def buildUrl(self, *args: Any) -> Any:  # noqa: N802 (the client's name)
+    def buildUrl(self, *args: Any) -> Any:
         return self._queue.buildUrl(*args)
 
 
@@ -107,7 +117,7 @@ class RecordedQueue:
     def __init__(self, answers: Answers) -> None:
         self._answers = answers
 
-    def listTaskGroup(self, group: str, query: Mapping[str, str] | None = None) -> Any:  # noqa: N802 (the client's name)
+    def listTaskGroup(self, group: str, query: Mapping[str, str] | None = None) -> Any:
         if group not in self._answers.groups:
             raise InvalidInput(f"the recording holds no task group {group}")
         return {"taskGroupId": group, "tasks": self._answers.groups[group]}
@@ -163,6 +173,8 @@ def recording(queue: Any, evidence: Evidence) -> tuple[RecordingQueue, Recording
 def replaying(answers: Answers) -> tuple[RecordedQueue, RecordedEvidence, list[str]]:
     """A queue and evidence answering from ``answers``, and its task groups."""
     identities = answers.identities or Evidence().identities
-    return RecordedQueue(answers), RecordedEvidence(identities, answers=answers), list(
-        answers.groups
+    return (
+        RecordedQueue(answers),
+        RecordedEvidence(identities, answers=answers),
+        list(answers.groups),
     )

@@ -26,9 +26,9 @@ from coalescer.errors import CoalescerError, InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.ingest.events import EXCHANGE_PREFIX, Message, exchange_state, status_event
 from coalescer.model import keys_from_routes, parse_time_ms
-from coalescer.replay import capacity, probes, runs
-from coalescer.replay.history import History, TaskSpec, priority_rank
-from coalescer.replay.lags import resolver_lag_ms, with_gaps
+from coalescer.replay import capacity, lags, probes, runs
+from coalescer.replay.history import History, TaskSpec, percentile, priority_rank
+from coalescer.replay.lags import with_gaps
 from coalescer.replay.links import Evidence, LinkError
 
 
@@ -154,10 +154,13 @@ def _specs(
         raise SourceError(str(exc)) from exc
     pending = {t.task_id: parse_time_ms(t.runs[0]["scheduled"]) for t in recorded if t.runs}
     specs = with_gaps(specs, pending)
+    waits = lags.claim_waits(_runs(read, evidence))
+    specs = lags.with_waits(specs, waits)
     observed = {
         "unchecked": unchecked,
-        "resolver_lag_ms": resolver_lag_ms(specs, pending),
+        "resolver_lag_ms": lags.resolver_lag_ms(specs, pending),
         "curves": capacity.curves(_claimed(read, evidence)),
+        "claim_wait_ms": int(percentile(list(waits.values()), 0.5) or 0),
     }
     return specs, observed
 
@@ -175,6 +178,25 @@ def _claimed(
                 continue
             resolved = parse_time_ms(run["resolved"]) if "resolved" in run else None
             yield queue, "/".join(map(str, worker)), parse_time_ms(run["started"]), resolved
+
+
+def _runs(read: Sequence[_Read], evidence: Evidence) -> Iterator[lags.Run]:
+    """Every run a worker of the pool started (not the enforcer), as
+    :func:`coalescer.replay.lags.claim_waits` reads it."""
+    for r in read:
+        queue = task_queue(r.status)
+        for run in r.status.get("runs") or ():
+            worker = (run.get("workerGroup"), run.get("workerId"))
+            if "started" not in run or None in worker or worker in evidence.identities:
+                continue
+            resolved = parse_time_ms(run["resolved"]) if "resolved" in run else None
+            yield (
+                r.status["taskId"],
+                (queue, "/".join(map(str, worker))),
+                parse_time_ms(run["scheduled"]),
+                parse_time_ms(run["started"]),
+                resolved,
+            )
 
 
 #: What ``--events`` reads, for the error that says it.

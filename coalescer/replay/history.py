@@ -70,9 +70,13 @@ class TaskSpec:
     #: How long the queue's resolver took to make it pending once its dependencies completed,
     #: as recorded (``None``: not recorded; the history's :attr:`History.resolver_lag_ms`).
     lag_ms: int | None = None
-    #: How long it waited to be claimed, pending while a worker of its queue waited in
-    #: ``claimWork``, as recorded (``None``: not recorded; :attr:`History.claim_wait_ms`).
+    #: How long its first run waited to be claimed once its worker could claim it: pending
+    #: while its worker waited in ``claimWork``, or while the worker resolved its previous
+    #: task (``None``: not recorded; :attr:`History.claim_wait_ms` for the first).
     wait_ms: int | None = None
+    #: How long its worker took, from claiming the first task of its key it held, to start
+    #: its run, as recorded (``None``: not recorded; :attr:`History.hold_ms`).
+    hold_ms: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,6 +160,9 @@ class History:
     #: claimed: the queue answers a waiting worker at its next poll of the pending tasks (every
     #: second on a real queue), as the history shows it (0 for a synthetic history).
     claim_wait_ms: int = 0
+    #: How long a worker shim that holds other tasks of its key takes, from its first claim,
+    #: to start the run it executes (it asks the service and claims them first).
+    hold_ms: int = 0
 
     @classmethod
     def build(
@@ -172,6 +179,7 @@ class History:
         resolver_lag_ms: int = 0,
         curves: Mapping[str, Curve] | None = None,
         claim_wait_ms: int = 0,
+        hold_ms: int = 0,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
         where given, else its ``curves`` (the workers seen over time), else the recorded peak
@@ -226,6 +234,7 @@ class History:
             follow,
             sized,
             claim_wait_ms,
+            hold_ms,
         )
 
     def fails(self, task: TaskSpec, run: int, seed: int = 0) -> bool:

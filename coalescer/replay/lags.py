@@ -3,7 +3,9 @@
 Claims: a worker waiting in ``claimWork`` is answered at the queue's next poll of its pending
 tasks (every second on a real queue), so a task that becomes pending while a worker waits is
 claimed anywhere from at once to a second later; one pending when a worker asks is claimed at
-once. :func:`claim_waits` reads each such wait from the history.
+once. :func:`claim_waits` reads each such wait from the history. A worker shim that claims a
+task asks the service and claims what it lists before it runs the newest: :func:`hold_times`
+reads how long that took.
 
 The queue makes a dependent pending a moment after its last dependency completes: its
 dependency resolver polls for completions every few seconds (5 s on a real queue; none on the
@@ -18,6 +20,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
+from typing import NamedTuple
 
 from coalescer.replay.history import TaskSpec, percentile
 
@@ -49,30 +52,79 @@ def with_gaps(tasks: Sequence[TaskSpec], pending_ms: Mapping[str, int]) -> list[
     return [dataclasses.replace(t, lag_ms=own[t.task_id]) if t.task_id in own else t for t in tasks]
 
 
-#: A run as :func:`claim_waits` reads it: its task, its worker (task queue and name), when
-#: it became pending, started and resolved (``None``: not yet).
-Run = tuple[str, tuple[str, str], int, int, int | None]
+class Run(NamedTuple):
+    """A run a worker of the pool started, as :func:`claim_waits` and :func:`hold_times` read
+    it."""
+
+    task_id: str
+    run_id: int
+    keys: tuple[str, ...]
+    #: Its task queue and the worker's ``workerGroup/workerId``.
+    worker: tuple[str, str]
+    pending: int
+    started: int
+    resolved: int | None
+    #: How it resolved (``reasonResolved``; ``""``: not yet).
+    reason: str = ""
 
 
-def claim_waits(runs: Iterable[Run]) -> dict[str, int]:
-    """Each task's wait between becoming pending and being claimed, for the runs that became
-    pending while their worker was idle (its previous run had resolved): the first such run
-    of each task. A worker's first run is not one: nothing says since when it waited."""
-    by_worker: dict[tuple[str, str], list[Run]] = defaultdict(list)
+def _by_worker(runs: Iterable[Run]) -> list[list[Run]]:
+    found: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for run in runs:
-        by_worker[run[1]].append(run)
-    found: dict[str, int] = {}
-    for own in by_worker.values():
-        own.sort(key=lambda r: r[3])
+        found[run.worker].append(run)
+    return [sorted(own, key=lambda r: r.started) for own in found.values()]
+
+
+def claim_waits(runs: Iterable[Run]) -> list[tuple[str, int, int, bool]]:
+    """Each run's wait to be claimed once its worker could claim it, for the runs begun after
+    their worker's previous run resolved, as ``(taskId, runId, wait, polled)``: from becoming
+    pending, when the worker was waiting in ``claimWork`` then (``polled``: the queue answers
+    at its next poll), else from that previous run's resolution (the worker's own time to
+    resolve, claim and ask). A worker's first run is not one: nothing says since when it
+    waited."""
+    found = []
+    for own in _by_worker(runs):
         for before, run in pairwise(own):
-            task_id, _, pending, started, _ = run
-            if before[4] is not None and before[4] <= pending <= started:
-                found.setdefault(task_id, started - pending)
+            if before.resolved is None or before.resolved > run.started:
+                continue
+            polled = run.pending >= before.resolved
+            since = run.pending if polled else before.resolved
+            found.append((run.task_id, run.run_id, run.started - since, polled))
     return found
 
 
-def with_waits(tasks: Sequence[TaskSpec], waits: Mapping[str, int]) -> list[TaskSpec]:
-    """``tasks``, each with its recorded claim wait as its ``wait_ms``."""
+def hold_times(runs: Iterable[Run]) -> dict[str, int]:
+    """Each primary's time between its worker's first claim and its own run: a worker shim
+    that claimed a task asks the service, claims what the answer lists and runs the newest,
+    so the run it executes starts after the claims of the tasks of its key it holds (their
+    runs, begun before it and still unresolved when it starts), for the runs that did their
+    work (resolved ``completed`` or ``failed``)."""
+    found: dict[str, int] = {}
+    for own in _by_worker(runs):
+        for n, run in enumerate(own):
+            if run.reason not in ("completed", "failed"):
+                continue
+            held = [
+                r.started
+                for r in own[:n]
+                if r.task_id != run.task_id
+                and set(r.keys) & set(run.keys)
+                and (r.resolved is None or r.resolved > run.started)
+            ]
+            if held:
+                found.setdefault(run.task_id, run.started - min(held))
+    return found
+
+
+def with_waits(
+    tasks: Sequence[TaskSpec], waits: Iterable[tuple[str, int, int, bool]], holds: Mapping[str, int]
+) -> list[TaskSpec]:
+    """``tasks``, each with its first run's claim wait as its ``wait_ms`` and its hold time as
+    its ``hold_ms``."""
+    first = {task_id: wait for task_id, run_id, wait, _ in waits if run_id == 0}
     return [
-        dataclasses.replace(t, wait_ms=waits[t.task_id]) if t.task_id in waits else t for t in tasks
+        dataclasses.replace(t, wait_ms=first.get(t.task_id), hold_ms=holds.get(t.task_id))
+        if t.task_id in first or t.task_id in holds
+        else t
+        for t in tasks
     ]

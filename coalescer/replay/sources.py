@@ -154,13 +154,15 @@ def _specs(
         raise SourceError(str(exc)) from exc
     pending = {t.task_id: parse_time_ms(t.runs[0]["scheduled"]) for t in recorded if t.runs}
     specs = with_gaps(specs, pending)
-    waits = lags.claim_waits(_runs(read, evidence))
-    specs = lags.with_waits(specs, waits)
+    started = list(_runs(read, recorded, evidence))
+    waits, holds = lags.claim_waits(started), lags.hold_times(started)
+    specs = lags.with_waits(specs, waits, holds)
     observed = {
         "unchecked": unchecked,
         "resolver_lag_ms": lags.resolver_lag_ms(specs, pending),
         "curves": capacity.curves(_claimed(read, evidence)),
-        "claim_wait_ms": int(percentile(list(waits.values()), 0.5) or 0),
+        "claim_wait_ms": int(percentile([w for *_, w, polled in waits if polled], 0.5) or 0),
+        "hold_ms": int(percentile(list(holds.values()), 0.5) or 0),
     }
     return specs, observed
 
@@ -180,22 +182,26 @@ def _claimed(
             yield queue, "/".join(map(str, worker)), parse_time_ms(run["started"]), resolved
 
 
-def _runs(read: Sequence[_Read], evidence: Evidence) -> Iterator[lags.Run]:
+def _runs(
+    read: Sequence[_Read], recorded: Sequence[runs.Recorded], evidence: Evidence
+) -> Iterator[lags.Run]:
     """Every run a worker of the pool started (not the enforcer), as
-    :func:`coalescer.replay.lags.claim_waits` reads it."""
-    for r in read:
+    :mod:`coalescer.replay.lags` reads it."""
+    for r, task in zip(read, recorded, strict=True):
         queue = task_queue(r.status)
         for run in r.status.get("runs") or ():
             worker = (run.get("workerGroup"), run.get("workerId"))
             if "started" not in run or None in worker or worker in evidence.identities:
                 continue
-            resolved = parse_time_ms(run["resolved"]) if "resolved" in run else None
-            yield (
+            yield lags.Run(
                 r.status["taskId"],
+                int(run["runId"]),
+                task.keys,
                 (queue, "/".join(map(str, worker))),
                 parse_time_ms(run["scheduled"]),
                 parse_time_ms(run["started"]),
-                resolved,
+                parse_time_ms(run["resolved"]) if "resolved" in run else None,
+                str(run.get("reasonResolved", "")),
             )
 
 

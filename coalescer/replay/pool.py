@@ -579,6 +579,7 @@ class Pool:
         if primary not in self.running or self.out.runs[primary] != run:
             return  # canceled meanwhile: its worker stopped then
         _, secondaries = self.running.pop(primary)
+        self.begins.pop(primary, None)
         failed = self._fails(primary, now)
         held = [j for j in secondaries if self.secondary_of.get(j) == primary]  # not canceled
         if failed and held and self.on_failure is PrimaryFailure.BISECT:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 from coalescer.replay.lags import Run, claim_waits, hold_times
+from coalescer.replay.pool import Pool, State
+from tests.replay.support import MIN, history, minutes, task
 
 W = ("q", "wg/w1")
 
@@ -29,3 +34,22 @@ def test_a_shim_s_hold_runs_from_its_first_claim_to_its_primary_s_run() -> None:
         Run("d", 0, ("j",), W, pending=0, started=9100, resolved=9900, reason="completed"),
     ]
     assert hold_times(runs) == {"c": 120}
+
+
+def test_a_task_canceled_while_its_worker_claims_it_frees_the_worker_then() -> None:
+    """a's worker frees at 10 min; b, pending, is claimed its recorded wait later (a minute
+    here), but a person canceled it meanwhile: the worker takes c once its claim is over."""
+    first = task("a", 0, 10)
+    waiting = dataclasses.replace(task("b", 1, 10, canceled=10.5), wait_ms=MIN)
+    last = task("c", 2, 10)
+    out = asyncio.run(Pool(history(first, waiting, last), None).run())
+    assert out.state[1] == State.WITHDRAWN and out.worked_ms[1] == 0
+    assert minutes(out.left_ms[2]) == 11 and minutes(out.resolved_ms[2]) == 21
+
+
+def test_a_claim_s_wait_delays_the_run_and_the_worker_s_question() -> None:
+    """b is claimed a minute after a ends (its recorded wait): it runs from then."""
+    first = task("a", 0, 10)
+    waiting = dataclasses.replace(task("b", 1, 10), wait_ms=MIN)
+    out = asyncio.run(Pool(history(first, waiting), None).run())
+    assert minutes(out.resolved_ms[1]) == 21 and out.worker_ms == 20 * MIN

@@ -81,7 +81,10 @@ class Answers:
             raise InvalidInput(f"{path}: {exc}") from exc
         if not isinstance(doc, dict):
             raise InvalidInput(f"{path}: not a recorded history")
-        return cls.from_json(doc)
+        try:
+            return cls.from_json(doc)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidInput(f"{path}: a recorded history with a bad entry ({exc!r})") from exc
 
 
 #: What a recording leaves out of each task's definition: nothing the replay reads, and what

@@ -22,6 +22,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from coalescer.errors import InvalidInput
 from coalescer.policy.rules import loads
 from coalescer.replay import recorded, sources
 from coalescer.replay.history import History
@@ -234,3 +235,16 @@ def figures() -> None:
 
 if __name__ == "__main__":
     figures()
+
+
+def test_a_file_that_is_not_a_recorded_history_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "history.json"
+    for text, says in (
+        ("[]", "not a recorded history"),
+        ('{"format": "other"}', "not a recorded history"),
+        ('{"format": "coalescer-history/1", "links": [{"runId": 0}]}', "bad entry"),
+        ("{", "unexpected"),
+    ):
+        path.write_text(text)
+        with pytest.raises(InvalidInput, match=says):
+            recorded.Answers.load(path)

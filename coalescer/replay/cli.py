@@ -46,6 +46,18 @@ def register(sub: Any) -> None:
         help="a task group to read from the queue (TASKCLUSTER_ROOT_URL); repeatable",
     )
     source.add_argument(
+        "--recorded",
+        metavar="FILE",
+        help="a history recorded with --save: its task groups, links and findings as the "
+        "queue and the service answered them, replayed without either",
+    )
+    source.add_argument(
+        "--save",
+        metavar="FILE",
+        help="with --task-group: keep what the queue and the service answered in FILE, for "
+        "--recorded to replay anywhere",
+    )
+    source.add_argument(
         "--service",
         metavar="URL",
         help="a coalescer service whose lineage (GET /v1/tasks/<taskId>) says which recorded "
@@ -232,7 +244,7 @@ def sheriffs_base(configs: list[Config]) -> int:
 def _history(
     args: argparse.Namespace, settings: Settings, workers: dict[str, int], default: int | None
 ) -> History:
-    from coalescer.replay import sources, synthetic
+    from coalescer.replay import recorded, sources, synthetic
 
     prefix, rank_tag = settings.route_prefix, settings.rank_tag
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per link read is noise here
@@ -249,18 +261,43 @@ def _history(
                     source=f"recorded events ({Path(args.events).name})",
                     evidence=evidence,
                 )
+        if args.recorded:
+            answers = recorded.Answers.load(args.recorded)
+            stored, replayed, groups = recorded.replaying(answers)
+            return sources.from_task_groups(
+                stored,
+                groups,
+                prefix=answers.prefix or prefix,
+                rank_tag=rank_tag,
+                workers=workers,
+                default_workers=default,
+                evidence=replayed,
+                source=f"recorded history ({Path(args.recorded).name})",
+            )
         if args.task_group:
             if evidence.queue is None:
                 raise ConfigError("--task-group needs TASKCLUSTER_ROOT_URL")
-            return sources.from_task_groups(
-                evidence.queue,
+            queue, kept = evidence.queue, None
+            if args.save:
+                queue, kept = recorded.recording(queue, evidence)
+            history = sources.from_task_groups(
+                queue,
                 args.task_group,
                 prefix=prefix,
                 rank_tag=rank_tag,
                 workers=workers,
                 default_workers=default,
-                evidence=evidence,
+                evidence=kept or evidence,
             )
+            if kept is not None:
+                kept.answers.prefix = prefix
+                try:
+                    kept.answers.save(args.save)
+                except OSError as exc:
+                    raise ConfigError(f"cannot write {args.save}: {exc.strerror}") from exc
+            return history
+        if args.save:
+            raise ConfigError("--save needs --task-group")
         flaky_share, flaky_rate = synthetic.parse_flaky(args.flaky)
         spec = synthetic.Synthetic(
             hours=args.hours,
@@ -282,7 +319,7 @@ def _history(
         history = synthetic.generate(spec)
         return dataclasses.replace(history, workers={**history.workers, **workers})
     except OSError as exc:
-        raise ConfigError(f"cannot read {args.events}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from exc
     except InvalidInput as exc:
         raise ConfigError(str(exc)) from exc
 

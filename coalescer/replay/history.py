@@ -67,6 +67,16 @@ class TaskSpec:
     broken: bool = False
     #: The task group it belongs to, when recorded.
     group: str = ""
+    #: How long the queue's resolver took to make it pending once its dependencies completed,
+    #: as recorded (``None``: not recorded; the history's :attr:`History.resolver_lag_ms`).
+    lag_ms: int | None = None
+    #: How long its first run waited to be claimed once its worker could claim it: pending
+    #: while its worker waited in ``claimWork``, or while the worker resolved its previous
+    #: task (``None``: not recorded; :attr:`History.claim_wait_ms` for the first).
+    wait_ms: int | None = None
+    #: How long its worker took, from claiming the first task of its key it held, to start
+    #: its run, as recorded (``None``: not recorded; :attr:`History.hold_ms`).
+    hold_ms: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -146,6 +156,13 @@ class History:
     #: synthetic history), ``history`` (its curve), ``peak``, ``default`` (``--workers N``)
     #: or ``borrowed`` (from the queue its task group used most).
     sized: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: How long a task that becomes pending while a worker waits in ``claimWork`` waits to be
+    #: claimed: the queue answers a waiting worker at its next poll of the pending tasks (every
+    #: second on a real queue), as the history shows it (0 for a synthetic history).
+    claim_wait_ms: int = 0
+    #: How long a worker shim that holds other tasks of its key takes, from its first claim,
+    #: to start the run it executes (it asks the service and claims them first).
+    hold_ms: int = 0
 
     @classmethod
     def build(
@@ -161,6 +178,8 @@ class History:
         broken_rates: Mapping[str, float] | None = None,
         resolver_lag_ms: int = 0,
         curves: Mapping[str, Curve] | None = None,
+        claim_wait_ms: int = 0,
+        hold_ms: int = 0,
     ) -> History:
         """Sort ``tasks`` by schedule and fill in the workers of each task queue: ``workers``
         where given, else its ``curves`` (the workers seen over time), else the recorded peak
@@ -214,6 +233,8 @@ class History:
             resolver_lag_ms,
             follow,
             sized,
+            claim_wait_ms,
+            hold_ms,
         )
 
     def fails(self, task: TaskSpec, run: int, seed: int = 0) -> bool:

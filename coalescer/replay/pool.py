@@ -157,7 +157,8 @@ class Outcome:
 # scheduling dependents), then tasks arrive, then the history's cancellations; then decisions
 # on arrival are carried out (and the decisions those lead to), and idle workers claim.
 # Workers come and go last (one whose last run ends now is free by then).
-_FINISH, _PROBE, _ARRIVE, _WITHDRAW, _WORKERS = 0, 1, 2, 3, 4
+# A claim that waited (see Pool._wait) is made with the instant's others.
+_FINISH, _PROBE, _ARRIVE, _WITHDRAW, _WORKERS, _CLAIM = 0, 1, 2, 3, 4, 5
 
 
 @dataclasses.dataclass(slots=True)
@@ -224,6 +225,8 @@ class Pool:
         self.pending = 0
         #: A running primary's end: ``(finish_ms, secondaries)``; canceled runs are removed.
         self.running: dict[int, tuple[int, list[int]]] = {}
+        #: When a running task's run begins, for those claimed with a wait (see :meth:`_wait`).
+        self.begins: dict[int, int] = {}
         #: A worker's secondary -> its primary; the enforcer's held victims.
         self.secondary_of: dict[int, int] = {}
         self.enforcer_holds: set[int] = set()
@@ -252,6 +255,7 @@ class Pool:
         events = self.events
         while events:
             now = events[0][0]
+            waited: list[int] = []
             while events and events[0][0] == now:
                 _, kind, _, arg = heapq.heappop(events)
                 if kind == _FINISH:
@@ -262,10 +266,17 @@ class Pool:
                     self._withdraw(now, arg)  # type: ignore[arg-type]
                 elif kind == _WORKERS:
                     self._workers(*arg)  # type: ignore[misc]
+                elif kind == _CLAIM:
+                    waited.append(arg)  # type: ignore[arg-type]
                 elif self.out.state[arg] == State.WAITING:  # type: ignore[call-overload]
                     self._pending(now, arg)  # type: ignore[arg-type]
             if self.index is not None:
                 await self.index.enforce(self, now)
+            for i in waited:
+                if self.out.state[i] == State.RUNNING:
+                    await self._claim(i, now)
+                else:  # canceled while its worker claimed it
+                    self._free(self.tasks[i].task_queue)
             await self._dispatch(now)
             self._leave_idle()
             self._sample(now)
@@ -407,8 +418,9 @@ class Pool:
             finish, secondaries = self.running.pop(i)
             task = self.tasks[i]
             self._free(task.task_queue)
-            self.out.worker_ms -= finish - now
-            self.out.worked_ms[i] -= finish - now
+            unrun = finish - max(now, self.begins.pop(i, now))  # none while it waited
+            self.out.worker_ms -= unrun
+            self.out.worked_ms[i] -= unrun
             for j in secondaries:
                 if self.secondary_of.get(j) == i:
                     del self.secondary_of[j]
@@ -476,11 +488,24 @@ class Pool:
                 self._record(i, "running", now)
                 claimed.append(i)
         for i in claimed:
-            await self._claim(i, now)
+            if wait := self._wait(i, now):
+                self._at(now + wait, _CLAIM, i)
+            else:
+                await self._claim(i, now)
+
+    def _wait(self, i: int, now: int) -> int:
+        """How long task ``i``, claimed now, waits for its run to start: its first run's
+        recorded wait (from when its worker could claim it); else, when it became pending at this instant,
+        the history's: it reached a worker already waiting in ``claimWork``, which the queue
+        answers at its next poll."""
+        wait = self.tasks[i].wait_ms
+        if wait is not None and self.out.runs[i] == 1:
+            return wait
+        return self.history.claim_wait_ms if self.since[i] == now else 0
 
     async def _claim(self, i: int, now: int) -> None:
         """A worker that claimed task ``i`` asks (when its key supersedes on claim), holds what
-        it can of the answer and runs the newest it holds."""
+        it can of the answer and runs the newest it holds (once it claimed them)."""
         task = self.tasks[i]
         held = [i]
         if self.index is not None and task.keys and self.index.asks(task):
@@ -505,13 +530,19 @@ class Pool:
             self.out.extra_runs += 1
         if primary != i:
             self.out.state[i], self.out.state[primary] = State.HELD, State.RUNNING
+        wait = 0
+        if secondaries:  # claimed them before it runs the newest
+            hold = self.tasks[primary].hold_ms
+            wait = self.history.hold_ms if hold is None else hold
         duration = self.durations.of(self.tasks[primary])
         self.out.worker_ms += duration
         self.out.worked_ms[primary] += duration
-        self.running[primary] = (now + duration, secondaries)
+        self.running[primary] = (now + wait + duration, secondaries)
+        if wait:
+            self.begins[primary] = now + wait
         for j in secondaries:
             self.secondary_of[j] = primary
-        self._at(now + duration, _FINISH, (primary, self.out.runs[primary]))
+        self._at(now + wait + duration, _FINISH, (primary, self.out.runs[primary]))
 
     def _claimable(self, j: int, initial: TaskSpec, now: int) -> bool:
         other = self.tasks[j]
@@ -542,13 +573,15 @@ class Pool:
             for d in self.dependents.get(i, ()):
                 self.blocked[d] -= 1
                 if not self.blocked[d]:  # pending once the queue's resolver gets to it
-                    at = now + self.history.resolver_lag_ms
+                    lag = self.tasks[d].lag_ms
+                    at = now + (self.history.resolver_lag_ms if lag is None else lag)
                     self._at(max(at, self.tasks[d].scheduled_ms), _ARRIVE, d)
 
     def _finish(self, now: int, primary: int, run: int) -> None:
         if primary not in self.running or self.out.runs[primary] != run:
             return  # canceled meanwhile: its worker stopped then
         _, secondaries = self.running.pop(primary)
+        self.begins.pop(primary, None)
         failed = self._fails(primary, now)
         held = [j for j in secondaries if self.secondary_of.get(j) == primary]  # not canceled
         if failed and held and self.on_failure is PrimaryFailure.BISECT:

@@ -45,6 +45,8 @@ class Report:
             "recorded": None if (seen := self.history.recorded()) is None else seen.to_json(),
             "uncheckedRuns": self.history.unchecked,
             "resolverLagSeconds": self.history.resolver_lag_ms / 1000,
+            "claimWaitSeconds": self.history.claim_wait_ms / 1000,
+            "holdSeconds": self.history.hold_ms / 1000,
         }
 
     def to_json(self) -> dict[str, Any]:

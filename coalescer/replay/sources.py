@@ -26,9 +26,9 @@ from coalescer.errors import CoalescerError, InvalidEvent, InvalidInput
 from coalescer.ingest import validation
 from coalescer.ingest.events import EXCHANGE_PREFIX, Message, exchange_state, status_event
 from coalescer.model import keys_from_routes, parse_time_ms
-from coalescer.replay import capacity, probes, runs
-from coalescer.replay.history import History, TaskSpec, priority_rank
-from coalescer.replay.lags import resolver_lag_ms
+from coalescer.replay import capacity, lags, probes, runs
+from coalescer.replay.history import History, TaskSpec, percentile, priority_rank
+from coalescer.replay.lags import with_gaps
 from coalescer.replay.links import Evidence, LinkError
 
 
@@ -153,10 +153,16 @@ def _specs(
     except LinkError as exc:
         raise SourceError(str(exc)) from exc
     pending = {t.task_id: parse_time_ms(t.runs[0]["scheduled"]) for t in recorded if t.runs}
+    specs = with_gaps(specs, pending)
+    started = list(_runs(read, recorded, evidence))
+    waits, holds = lags.claim_waits(started), lags.hold_times(started)
+    specs = lags.with_waits(specs, waits, holds)
     observed = {
         "unchecked": unchecked,
-        "resolver_lag_ms": resolver_lag_ms(specs, pending),
+        "resolver_lag_ms": lags.resolver_lag_ms(specs, pending),
         "curves": capacity.curves(_claimed(read, evidence)),
+        "claim_wait_ms": int(percentile([w for *_, w, polled in waits if polled], 0.5) or 0),
+        "hold_ms": int(percentile(list(holds.values()), 0.5) or 0),
     }
     return specs, observed
 
@@ -174,6 +180,29 @@ def _claimed(
                 continue
             resolved = parse_time_ms(run["resolved"]) if "resolved" in run else None
             yield queue, "/".join(map(str, worker)), parse_time_ms(run["started"]), resolved
+
+
+def _runs(
+    read: Sequence[_Read], recorded: Sequence[runs.Recorded], evidence: Evidence
+) -> Iterator[lags.Run]:
+    """Every run a worker of the pool started (not the enforcer), as
+    :mod:`coalescer.replay.lags` reads it."""
+    for r, task in zip(read, recorded, strict=True):
+        queue = task_queue(r.status)
+        for run in r.status.get("runs") or ():
+            worker = (run.get("workerGroup"), run.get("workerId"))
+            if "started" not in run or None in worker or worker in evidence.identities:
+                continue
+            yield lags.Run(
+                r.status["taskId"],
+                int(run["runId"]),
+                task.keys,
+                (queue, "/".join(map(str, worker))),
+                parse_time_ms(run["scheduled"]),
+                parse_time_ms(run["started"]),
+                parse_time_ms(run["resolved"]) if "resolved" in run else None,
+                str(run.get("reasonResolved", "")),
+            )
 
 
 #: What ``--events`` reads, for the error that says it.
@@ -271,6 +300,7 @@ def from_task_groups(
     workers: Mapping[str, int] | None = None,
     default_workers: int | None = None,
     evidence: Evidence | None = None,
+    source: str | None = None,
 ) -> History:
     """A history from task groups, read with ``queue`` (a ``taskcluster.Queue``), which also
     gives the ``superseded-by.json`` of the runs that may have been superseded (``evidence``
@@ -299,6 +329,6 @@ def from_task_groups(
         tasks,
         workers=workers,
         default_workers=default_workers,
-        source="task groups " + ", ".join(ids),
+        source=source or "task groups " + ", ".join(ids),
         **observed,
     )

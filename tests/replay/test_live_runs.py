@@ -432,3 +432,21 @@ async def test_the_command_reads_the_enforcer_s_lineage_from_the_service(
     off, under = found["off"], found["policy policy.yaml"]
     assert (off["run"], off["withdrawn"], off["never_scheduled"]) == (15, 0, 0)
     assert (under["run"], under["superseded"], under["never_scheduled"]) == (5, 7, 3)
+
+
+async def test_a_task_group_saved_replays_the_same_without_the_queue(
+    em: QueueEmulator, store: Store, tmp_path: Path
+) -> None:
+    _, group, _, _ = await record(em, store)
+    saved = tmp_path / "history.json"
+    args = ("--config", "on-claim")
+    read = await asyncio.to_thread(
+        command, "--task-group", group, "--save", str(saved), *args, root_url=em.root_url
+    )
+    again = await asyncio.to_thread(command, "--recorded", str(saved), *args)
+    live, offline = figures(read), figures(again)
+    assert offline["history"]["source"] == "recorded history (history.json)"
+    for doc in (live, offline):
+        doc["history"].pop("source")
+    assert offline == live
+    assert len(saved.read_bytes()) < 20_000  # what the replay reads, no task's payload

@@ -84,8 +84,11 @@ def test_a_task_group_read_from_the_queue(
     # the replay's worker too, so build1 runs when it really ran.
     assert history.curves == {QUEUE_ID: ((build1.started_ms, 1), (test1.resolved_ms, 0))}
     assert out.left_ms[history.tasks.index(build1)] == build1.started_ms
-    build1_done = build1.resolved_ms
-    assert out.worker_ms == build1.duration_ms + (build2.canceled_ms - build1_done) + (
+    # build2 ran from its claim, the moment its worker took to claim it after build1 (the
+    # history's claim wait, a few milliseconds), to its cancel.
+    [(build2_started, _)] = build2.real_runs
+    assert build2.wait_ms == build2_started - build1.resolved_ms
+    assert out.worker_ms == build1.duration_ms + (build2.canceled_ms - build2_started) + (
         test1.duration_ms
     )
     # The emulator's dependency resolver made test1 pending a moment after build1 completed

@@ -13,7 +13,7 @@ from coalescer.errors import InvalidInput
 from coalescer.replay.synthetic import EPOCH_MS, HOUR_MS, PEAK_HOUR, Synthetic, generate
 
 #: Fields added to a task since the digests were taken, which a synthetic history leaves empty.
-ADDED = ("group",)
+ADDED = ("group", "lag_ms", "wait_ms", "hold_ms")
 
 
 def fingerprint(spec: Synthetic) -> str:

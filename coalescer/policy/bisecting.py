@@ -3,7 +3,7 @@
 
 When a primary fails, ``decide.lua`` turns every victim held for it (down its chains) into a
 ``bisecting`` one, still held and renewed, and writes the search's record under the primary
-(``co:{K}:bs``, JSON)::
+(``co:{K}:bs``, JSON), held victims or none::
 
     {"primary", "primaryRun", "rule", "cascade", "protect", "supersedeRunning",
      "confirm": the most reruns confirming a failure (bisect-confirm; 0 when absent),
@@ -17,7 +17,10 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
      "parallel": runs at once (bisect-parallel; 1 when absent),
      "rounds": waves of runs so far (a run started while none of the search's ran begins one),
      "probes": [{"i", "run", "since", "attempt"}, ...]   (the runs under way; an older record
-               has one, or null, as "probe")}
+               has one, or null, as "probe"),
+     "gap": {taskId: [[dependency, its key, its last run], ...]}   (the pushes among
+               "victims" that nothing holds, each with the dependencies it lacks),
+     "floor": [taskId, runId]   (the newest push of the key that passed, below the primary)}
 
 The search is the record replayed into a :class:`~coalescer.bisection.Bisection`, with the
 key's flake rate (:func:`coalescer.verdicts.flake_rate` of its recent findings) written into
@@ -28,6 +31,15 @@ victims' lineage changes in one compare-and-set (``settle.lua``'s ``search`` mod
 call follows, and is repeated harmlessly until its effect is seen. So an event seen twice, a
 step taken twice, or an enforcer that dies between two steps changes nothing or resumes.
 
+* The gap (:meth:`Searcher._widen`, at the first step): the pushes of the key between the
+  newest that passed and the primary that nothing held, superseded or canceled by a decision,
+  failed on their own, or never run because a decision superseded their dependency (found
+  through the primary's dependencies and ``listDependentTasks``), join the search, held
+  victims older than that pass leave it (superseded by it). A push of the gap is probed by
+  taking it, and the dependencies it lacks, from their keys' decisions (``settle.lua``'s
+  ``reserve``: ``probing``), running those dependencies again, then it (``rerunTask``, or the
+  queue schedules it); nothing holds it, so nothing is superseded or released for it at the
+  end. With nothing held and no gap, the record is dropped at once: no search.
 * Probes and confirmations jump the queue: right after a victim is released or a task rerun
   for the search, its priority is raised to ``highest`` (``changeTaskPriority``). A queue or
   credentials without it (401, 403, 404) leave the priority as it is, said once in the log.
@@ -423,17 +435,18 @@ class Searcher:
                 continue
             if record is not None and record.run_id > drun:
                 return "out" if state in ("failed", "exception") else "wait"
-            under_way = state in ("pending", "running")
-            if state == "failed" or not (
-                under_way or await self._ended_by_decision(dkey, dep, primary)
-            ):
+            if state in ("pending", "running"):
+                # Under way by itself (it may hold others, as any primary): its end schedules
+                # the push, or a decision supersedes it and it is run again then.
+                return "wait"
+            if state == "failed" or not await self._ended_by_decision(dkey, dep, primary):
                 return "out"  # broken, or ended by a person or the queue: nothing to learn
-            # Taken from its key's decisions: its own run, or the one the search asks for.
+            # Taken from its key's decisions, then run again.
             if not await outbox.reserve(
                 self.store,
                 dkey,
                 dep,
-                run=drun + (not under_way),
+                run=drun + 1,
                 by=primary,
                 rule=doc["rule"],
                 reason=why,
@@ -441,8 +454,6 @@ class Searcher:
                 expire_ms=deadline,
             ):
                 return "out"
-            if under_way:
-                return "wait"
             done = await self.actions.rerun(dep, drun)
             if done.state != "rerun":
                 return "out"

@@ -114,7 +114,9 @@ if ARGV[1] == 'reserve' then
   end
   redis.call('HSET', v, id, table.concat(
     {run, by, -1, now, rrule, 'probing', 'bisect', reason}, '|'))
-  redis.call('ZADD', vp, 0, by .. '|' .. id)
+  if by ~= id then
+    redis.call('ZADD', vp, 0, by .. '|' .. id)
+  end
   redis.call('ZADD', vx, expire, id)
   redis.call('HINCRBY', m, rrule .. '|probing', 1)
   return {1}

@@ -810,18 +810,20 @@ class Searcher:
         observe.bisection_recorded(finding, "enforcer")
         if culprit is not None:
             named = finding["culprit"] or finding["suspect"]
+            last = finding["lastGood"]
             log.info(
-                "%s: task %s run %d is the first failing of %d tasks held by %s "
-                "(broken with probability %.4f at a flake rate of %.3f); last good %s; "
+                "%s: task %s run %d is the first failing of %d tasks held by %s and %d of "
+                "the gap (broken with probability %.4f at a flake rate of %.3f); last good %s; "
                 "%d extra runs, %d intermittent",
                 "culprit located" if finding["culprit"] else "inconclusive, suspect",
                 named["taskId"],
                 named["runId"],
-                n,
+                finding["held"],
                 primary,
+                finding["gap"],
                 finding["probability"],
                 search.flake,
-                "none" if good is None else f"task {victims[good][0]} run {verdict_runs[good]}",
+                "none" if last is None else f"task {last['taskId']} run {last['runId']}",
                 len(ran),
                 len(search.intermittent),
                 extra={"task_id": named["taskId"]},
@@ -831,10 +833,15 @@ class Searcher:
                 "bisection after %s: flaky, no push to blame: its failure did not come back "
                 "when it ran again; it stands for the %d tasks it held",
                 primary,
-                n,
+                finding["held"],
             )
         else:
-            log.info("bisection after %s located no culprit (%d tasks held)", primary, n)
+            log.info(
+                "bisection after %s located no culprit (%d tasks held, %d of the gap)",
+                primary,
+                finding["held"],
+                finding["gap"],
+            )
         return True
 
     async def _write(

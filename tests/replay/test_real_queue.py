@@ -55,7 +55,7 @@ def policy(text: str) -> Config:
 HISTORIES = {
     "shim": (Config(True), (13, 3, 2)),
     "latest-wins": (policy(LATEST_WINS), (13, 3, 2)),
-    "enforcer-bisect": (policy(BISECT), (5, 3, 0)),
+    "enforcer-bisect": (policy(BISECT), (4, 4, 0)),
     "shim-bisect": (Config.parse("on-claim,on-primary-failure=bisect"), (4, 4, 0)),
     "late-pool": (Config(True), (2, 8, 0)),
 }

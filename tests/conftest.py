@@ -43,6 +43,8 @@ NEWEST_ONLY = (
     "integration/test_replay_honesty.py",
     "integration/test_soak.py",
     "policy/test_bisect.py",
+    "policy/test_bisect_gap.py",
+    "policy/test_bisect_gap_properties.py",
     "policy/test_bisect_properties.py",
     "policy/test_properties.py",
     "replay/test_failures.py",

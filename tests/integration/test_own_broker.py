@@ -76,6 +76,7 @@ class Node:
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
             "RABBITMQ_CONF_ENV_FILE": str(workdir / "rabbitmq-env.conf"),
             "RABBITMQ_PID_FILE": str(workdir / "pid"),
+            "ERL_CRASH_DUMP": str(workdir / "erl_crash.dump"),  # not in the checkout
         }
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
         self.tls_url = f"amqps://guest:guest@127.0.0.1:{self.tls_port}/"

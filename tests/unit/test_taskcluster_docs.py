@@ -20,6 +20,8 @@ NUMBERS = {
     "twelve": 12,
     "thirteen": 13,
     "fourteen": 14,
+    "fifteen": 15,
+    "sixteen": 16,
 }
 
 

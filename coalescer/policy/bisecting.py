@@ -20,7 +20,9 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
                has one, or null, as "probe"),
      "gap": {taskId: [[dependency, its key, its last run], ...]}   (the pushes among
                "victims" that nothing holds, each with the dependencies it lacks),
-     "floor": [taskId, runId]   (the newest push of the key that passed, below the primary)}
+     "floor": [taskId, runId]   (the newest push of the key that passed, below the primary),
+     "unplaced": [taskId, ...]   (tasks of the gap never scheduled that no rank tag places:
+               the search names no culprit)}
 
 The search is the record replayed into a :class:`~coalescer.bisection.Bisection`, with the
 key's flake rate (:func:`coalescer.verdicts.flake_rate` of its recent findings) written into
@@ -341,6 +343,7 @@ class Searcher:
                 continue  # pending or running elsewhere: its own result will come
             found[r.task_id] = (r.order, r.run_id, r.deadline_ms)
         needs: dict[str, list[list[Any]]] = {}
+        unplaced: set[str] = set()
         for dep in await self.actions.dependencies(primary):
             if not dep.keys:
                 continue
@@ -374,12 +377,19 @@ class Searcher:
                             at = (record.order, record.run_id, record.deadline_ms)
                         elif record is None and not t.ran and t.order is not None:
                             at = (t.order, -1, t.deadline_ms)  # never scheduled
+                        elif record is None and not t.ran:
+                            # Never scheduled, and no rank tag places it: a push of the gap
+                            # the search cannot see, so it names no culprit.
+                            unplaced.add(t.task_id)
+                            continue
                         else:
-                            continue  # its result is its own, or no rank tag places it
+                            continue  # its result is its own
                         if not low < at[0] < top.order:
                             continue
                         found[t.task_id] = at
                     needs.setdefault(t.task_id, []).append([b.task_id, dkey, b.run_id])
+        if unplaced:
+            doc["unplaced"] = sorted(unplaced)[:MAX_GAP]
         if not found:
             return moves
         newest = sorted(found, key=lambda t: (found[t][0], t), reverse=True)[:MAX_GAP]
@@ -711,11 +721,13 @@ class Searcher:
                 and known.get(_task(doc, i), (0.0, ""))[1] != "completed"
                 and _task(doc, i) not in against
             ]
+            against += doc.get("unplaced", [])
             if against:
                 verdict, named = Verdict.INCONCLUSIVE, None
                 log.info(
                     "bisection after %s: %s did not pass, between the last good and the first "
-                    "failing push it found (out of the search, or outside it): inconclusive",
+                    "failing push it found (out of the search, outside it, or never scheduled "
+                    "with nothing to place it): inconclusive",
                     primary,
                     ", ".join(against[:5]),
                 )

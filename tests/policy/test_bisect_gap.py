@@ -162,3 +162,43 @@ async def test_a_test_never_scheduled_is_scheduled_by_its_build_and_jumps_the_qu
     [finding] = await bisections.for_task(loop.store, ["test"], t2)
     assert finding["culprit"] == {"taskId": t1, "runId": 0}
     assert finding["lastGood"] == {"taskId": t0, "runId": 0}
+
+
+async def test_without_a_rank_tag_a_test_never_scheduled_leaves_the_culprit_unsure(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    # Ordered by their first run's scheduled time, a test that never ran has no place in its
+    # key: the search cannot run it, and names no culprit over it.
+    loop = Loop(queue_emulator, store, gap_policy(cascade="leave"))
+    b0, t0 = push(loop, 0)
+    loop.resolve(loop.claim(b0), "completed")
+    loop.em.wait_for_message("task-pending", t0)
+    loop.resolve(loop.claim(t0), "completed")
+    b1, t1 = push(loop, 1)
+    b2, t2 = push(loop, 2)
+    await loop.feed()
+    await enforce(loop, "e1")
+    loop.resolve(loop.claim(b2), "completed")  # push 1's build superseded: its test never runs
+    loop.em.wait_for_message("task-pending", t2)
+    b3, t3 = push(loop, 3)
+    await loop.feed()
+    await enforce(loop, "e1")
+    loop.resolve(loop.claim(b3), "completed")
+    loop.em.wait_for_message("task-pending", t3)
+    await loop.feed()
+    await enforce(loop, "e1")  # push 3's test holds push 2's
+    assert loop.status(t1)["state"] == "unscheduled"
+    loop.resolve(loop.claim(t3), "failed")
+    await enforce(loop, "e1")
+    for _ in range(5):  # push 2's test is probed (and its failure confirmed): it fails
+        pending = [t for t in (t2, t3) if loop.last_run(t)["state"] == "pending"]
+        if not pending:
+            break
+        for task_id in pending:
+            loop.resolve(loop.claim(task_id), "failed")
+        await enforce(loop, "e1")
+    [finding] = await bisections.for_task(loop.store, ["test"], t3)
+    assert finding["verdict"] == "inconclusive"
+    assert finding["culprit"] is None
+    assert finding["suspect"]["taskId"] == t2
+    assert loop.status(t1)["state"] == "unscheduled"

@@ -312,10 +312,9 @@ class Searcher:
         passed = [r for r in known.values() if r.state == "completed" and r.order < top.order]
         floor = max(passed, key=lambda r: (r.order, r.task_id)) if passed else None
         low = float("-inf") if floor is None else floor.order
-        if floor is not None:
-            doc["floor"] = [floor.task_id, floor.run_id]
         moves = []
         if floor is not None:
+            doc["floor"] = [floor.task_id, floor.run_id]
             below = [v for v in doc["victims"] if v[0] in known and known[v[0]].order < low]
             for victim, _, _ in below:
                 why = f"bisection after {primary} failed: {floor.task_id} passed, newer"

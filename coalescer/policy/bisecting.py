@@ -332,9 +332,10 @@ class Searcher:
                 )
             doc["victims"] = [v for v in doc["victims"] if v not in below]
         found: dict[str, tuple[float, int, int]] = {}  # taskId -> (order, run, deadline)
-        for r in known.values():
-            if r.task_id in held or not low < r.order < top.order:
-                continue
+        between = [r for r in known.values() if low < r.order < top.order and r.task_id not in held]
+        for r in sorted(between, key=lambda r: (r.order, r.task_id), reverse=True):
+            if len(found) >= MAX_GAP:
+                break  # the newest of a long gap
             if r.state == "exception":
                 if not await self._ended_by_decision(key, r.task_id):
                     continue  # ended by a person, or the queue: not the search's to run

@@ -201,4 +201,6 @@ async def test_without_a_rank_tag_a_test_never_scheduled_leaves_the_culprit_unsu
     assert finding["verdict"] == "inconclusive"
     assert finding["culprit"] is None
     assert finding["suspect"]["taskId"] == t2
+    # Push 1 never ran: its build was not run again for a search that could not place it.
     assert loop.status(t1)["state"] == "unscheduled"
+    assert [r["state"] for r in loop.status(b1)["runs"]] == ["exception"]

@@ -84,6 +84,17 @@ class NodeClients:
         self._clients.clear()
 
 
+def routing_key(name: str, args: tuple[Any, ...]) -> Any:
+    """The key whose slot decides the node for a pipeline call ``name(*args)``: a script's
+    first key, ``XREADGROUP``'s first stream (after its group and consumer names), else the
+    first argument."""
+    if name in ("evalsha", "eval"):
+        return args[2]
+    if name == "xreadgroup":
+        return next(iter(args[2]))
+    return args[0]
+
+
 class ClusterPipeline:
     """Queue commands as on a redis-py pipeline; :meth:`execute` returns results in order.
 
@@ -159,7 +170,7 @@ class ClusterPipeline:
         by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
         for i in todo:
             name, args, _ = self._calls[i]
-            key = args[2] if name in ("evalsha", "eval") else args[0]
+            key = routing_key(name, args)
             node = self._cluster.get_node_from_key(key.decode() if isinstance(key, bytes) else key)
             assert node is not None
             by_node.setdefault(node.name, (node, []))[1].append(i)

@@ -30,6 +30,13 @@ from coalescer.store.pipelined import PipelinedClient, ReplyError
 #: How many times one pipeline follows a changed slot map (a failover, a moved slot) before it
 #: gives up: the store then reports Redis unavailable, and its callers retry.
 REROUTES = 3
+#: How long a pipeline whose writes must outlive a failover waits for a replica to hold them.
+REPLICATION_WAIT_MS = 2000
+
+
+class NotReplicated(RedisError):
+    """A master ran a pipeline's writes, but its replica did not acknowledge them in time: a
+    failover may lose them, so they are not reported done (the caller applies them again)."""
 
 
 def not_sent(exc: BaseException) -> bool:
@@ -52,6 +59,9 @@ class NodeClients:
         self._password = unquote(parts.password) if parts.password else None
         self._ssl = parts.scheme == "rediss"
         self._clients: dict[str, aioredis.Redis] = {}
+        #: whether each node had a replica (not failed) when it last answered a pipeline
+        #: whose writes had to be replicated; unknown means it may
+        self.replicas: dict[str, bool] = {}
 
     def get(self, node: ClusterNode) -> aioredis.Redis:
         if node.name not in self._clients:
@@ -74,12 +84,40 @@ class NodeClients:
         self._clients.clear()
 
 
-class ClusterPipeline:
-    """Queue commands as on a redis-py pipeline; :meth:`execute` returns results in order."""
+def routing_key(name: str, args: tuple[Any, ...]) -> Any:
+    """The key whose slot decides the node for a pipeline call ``name(*args)``: a script's
+    first key, ``XREADGROUP``'s first stream (after its group and consumer names), else the
+    first argument."""
+    if name in ("evalsha", "eval"):
+        return args[2]
+    if name == "xreadgroup":
+        return next(iter(args[2]))
+    return args[0]
 
-    def __init__(self, cluster: RedisCluster, nodes: NodeClients) -> None:
+
+class ClusterPipeline:
+    """Queue commands as on a redis-py pipeline; :meth:`execute` returns results in order.
+
+    With ``replicated``, a node's writes count as done only once a replica of it holds them,
+    when the node has one: Redis replicates asynchronously, and a master answers writes its
+    replica never receives when a failover replaces it first. The case seen: a master frozen
+    longer than the node timeout, its replica promoted meanwhile; thawed, it ran the writes
+    waiting in its socket and answered them before it learned that it had lost its slots,
+    then rejoined as a replica and dropped them. So each node is sent, in the same round
+    trip, ``CLUSTER NODES`` (its own view of its replicas at the moment of the writes: the
+    frozen master still counts its replica as its own) before the writes and ``WAIT 1`` after
+    them, and the pipeline raises :class:`NotReplicated` when the node has a replica that did
+    not acknowledge them, instead of reporting them done. A node with no replica that is not
+    marked failed has nothing to wait for; whether a node has one is remembered from its last
+    answer, so that such a node is not sent a ``WAIT`` that could only time out.
+    """
+
+    def __init__(
+        self, cluster: RedisCluster, nodes: NodeClients, *, replicated: bool = False
+    ) -> None:
         self._cluster = cluster
         self._nodes = nodes
+        self._replicated = replicated
         self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -132,20 +170,38 @@ class ClusterPipeline:
         by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
         for i in todo:
             name, args, _ = self._calls[i]
-            key = args[2] if name in ("evalsha", "eval") else args[0]
+            key = routing_key(name, args)
             node = self._cluster.get_node_from_key(key.decode() if isinstance(key, bytes) else key)
             assert node is not None
             by_node.setdefault(node.name, (node, []))[1].append(i)
 
         async def run(node: ClusterNode, indexes: list[int]) -> tuple[list[int], Any]:
             pipe = self._nodes.get(node).pipeline(transaction=False)
+            wait = self._replicated and self._nodes.replicas.get(node.name, True)
+            if self._replicated:
+                pipe.execute_command("CLUSTER", "NODES")
             for i in indexes:
                 name, args, kwargs = self._calls[i]
                 getattr(pipe, name)(*args, **kwargs)
+            if wait:  # on the same connection: WAIT covers the writes this connection made
+                pipe.execute_command("WAIT", 1, REPLICATION_WAIT_MS)
             try:
-                return indexes, await pipe.execute(raise_on_error=False)
+                replies = await pipe.execute(raise_on_error=False)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 return indexes, exc
+            if not self._replicated:
+                return indexes, replies
+            view = replies.pop(0)
+            acknowledged = replies.pop() if wait else None
+            replicas = healthy_replicas(view)
+            self._nodes.replicas[node.name] = replicas != 0
+            ran = any(not isinstance(r, MovedError | AskError) for r in replies)
+            if ran and replicas != 0 and not (isinstance(acknowledged, int) and acknowledged):
+                return indexes, NotReplicated(
+                    f"no replica of {node.name} acknowledged the writes within "
+                    f"{REPLICATION_WAIT_MS} ms ({acknowledged!r})"
+                )
+            return indexes, replies
 
         stale: list[int] = []
         unreachable: RedisError | OSError | None = None
@@ -163,6 +219,29 @@ class ClusterPipeline:
                 if isinstance(reply, (MovedError, AskError)):
                     stale.append(i)
         return sorted(stale), unreachable, in_doubt
+
+
+def healthy_replicas(view: Any) -> int | None:
+    """How many replicas a node's ``CLUSTER NODES`` answer lists for the node itself that are
+    not marked failed (``fail``; a node only suspected, ``fail?``, still counts), or ``None``
+    when the answer is not one (an error): then a replica may exist."""
+    if isinstance(view, bytes):
+        view = view.decode()
+    if isinstance(view, str):
+        rows = [line.split() for line in view.splitlines()]
+        nodes = [(r[0], r[2].split(","), r[3]) for r in rows if len(r) > 3]
+    elif isinstance(view, dict):  # older redis-py versions parse it
+        nodes = [(n["node_id"], str(n["flags"]).split(","), n["master_id"]) for n in view.values()]
+    else:
+        return None
+    me = next((node_id for node_id, flags, _ in nodes if "myself" in flags), None)
+    if me is None:
+        return None
+    return sum(
+        1
+        for _, flags, master in nodes
+        if master == me and not {"fail", "noaddr", "handshake"} & set(flags)
+    )
 
 
 class ClusterRouter:

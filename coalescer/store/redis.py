@@ -35,7 +35,7 @@ from coalescer.store import history as stored_history
 from coalescer.store import keys, views
 from coalescer.store.admission import POOL_SIZE, Admission
 from coalescer.store.census import Census, Limits
-from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients
+from coalescer.store.cluster import ClusterPipeline, ClusterRouter, NodeClients, NotReplicated
 from coalescer.store.pipelined import NoScript, PipelinedClient, ReplyError
 from coalescer.store.policy import KeyPolicy, queue_decide
 
@@ -98,6 +98,7 @@ _CONDITION_CLASSES: tuple[tuple[type[Exception], str], ...] = (
     (redis.exceptions.NoPermissionError, "no-permission"),
     (redis.exceptions.MovedError, "moved"),
     (redis.exceptions.AskError, "moved"),
+    (NotReplicated, "not-replicated"),
     (redis.exceptions.AuthenticationError, "no-auth"),
     (redis.exceptions.TimeoutError, "timeout"),
     (redis.exceptions.ConnectionError, "unreachable"),
@@ -188,17 +189,26 @@ class Store:
             raise store_error(exc) from exc
 
     async def pipeline(
-        self, fill: Callable[[Any], object], *, raise_on_error: bool = True
+        self,
+        fill: Callable[[Any], object],
+        *,
+        raise_on_error: bool = True,
+        replicated: bool = False,
     ) -> list[Any]:
         """Run the commands ``fill`` queues in one round trip, reloading scripts once if Redis
         lost them (restart, ``SCRIPT FLUSH``). With ``raise_on_error`` false, a command's
         error is its reply (redis-py's exception), for the caller to sort out. Waits for a
-        connection of the pool a bounded time (:class:`~coalescer.errors.StoreOverloaded`)."""
+        connection of the pool a bounded time (:class:`~coalescer.errors.StoreOverloaded`).
+        With ``replicated``, on a Cluster, writes are done only once a replica holds them,
+        else the store is unavailable (see :class:`~coalescer.store.cluster.ClusterPipeline`):
+        for what someone is told was applied."""
         async with self.admission.slot():
-            return await self._round_trip(fill, raise_on_error=raise_on_error)
+            return await self._round_trip(
+                fill, raise_on_error=raise_on_error, replicated=replicated
+            )
 
     async def _round_trip(
-        self, fill: Callable[[Any], object], *, raise_on_error: bool
+        self, fill: Callable[[Any], object], *, raise_on_error: bool, replicated: bool = False
     ) -> list[Any]:
         for attempt in (1, 2):
             if not self._loaded:
@@ -206,7 +216,9 @@ class Store:
             pipe: Any = (
                 self.client.pipeline(transaction=False)
                 if self.nodes is None
-                else ClusterPipeline(cast(RedisCluster, self.client), self.nodes)
+                else ClusterPipeline(
+                    cast(RedisCluster, self.client), self.nodes, replicated=replicated
+                )
             )
             fill(pipe)
             try:
@@ -466,7 +478,8 @@ class Store:
         spends running a batch's scripts). A command's error is its reply; a lost script is
         loaded again and the whole batch run again (every command in it is idempotent)."""
         if self.writer is None:
-            return await self.pipeline(fill, raise_on_error=False)
+            # acknowledged to the queue's broker or a client once done: durable on a Cluster
+            return await self.pipeline(fill, raise_on_error=False, replicated=True)
         for attempt in (1, 2):
             if not self._loaded:
                 await self.load_scripts()

@@ -11,7 +11,8 @@ import pytest
 from coalescer import upkeep
 from coalescer.model import TaskEvent
 from coalescer.settings import Settings
-from coalescer.store import Store, open_store
+from coalescer.store import Store, keys, open_store
+from coalescer.store import policy as stored_policy
 from coalescer.store.cluster import ClusterRouter
 from coalescer.web.app import create_app
 from tests.redis_cluster import ClusterFailed, redis_cluster
@@ -159,3 +160,13 @@ async def test_the_history_and_its_charts_on_a_cluster(
         for path in ("/", "/k3"):
             page = await c.get(path, headers={"Accept": "text/html"})
             assert page.status_code == 200 and 'data-series="pending"' in page.text
+
+
+async def test_the_enforcer_reads_the_outbox_of_a_key_on_any_node(cluster_store: Store) -> None:
+    """``XREADGROUP`` names its group before its stream: it goes to the stream's node, not to
+    the node of the group's name (which answered ``MOVED`` until the enforcer gave up)."""
+    names = [f"k{i}" for i in range(12)]
+    nodes = {cluster_store.client.get_node_from_key(keys.policy(k)[5]).name for k in names}  # type: ignore[attr-defined]
+    assert len(nodes) == 3
+    for key in names:
+        assert await stored_policy.read(cluster_store, key, "enforce-1") == []

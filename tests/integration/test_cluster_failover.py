@@ -3,6 +3,7 @@ open store: writes and answers go on after the failover, without restarting the 
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator
 
@@ -10,7 +11,7 @@ import pytest
 
 from coalescer.errors import StoreUnavailable
 from coalescer.model import TaskEvent
-from coalescer.store import open_store
+from coalescer.store import keys, open_store
 from tests.soak.stores import Cluster
 
 NOW = 1_893_456_000_000
@@ -62,5 +63,40 @@ async def test_the_store_follows_a_failover_without_a_restart(cluster: Cluster) 
         for i, key in enumerate(KEYS):
             snap = await store.snapshot(key, f"a{i}", now_ms=NOW, cap=32)
             assert snap.newest == [f"b{i}", f"a{i}"]
+    finally:
+        await store.close()
+
+
+async def test_no_write_is_acknowledged_that_a_failover_then_loses(cluster: Cluster) -> None:
+    """A master frozen longer than the node timeout is replaced by its replica. A write sent
+    to it meanwhile waits in its socket; thawed, it runs that write and answers before it
+    learns that it lost its slots, then rejoins as a replica of the new master and drops
+    what it ran. The store must not report that write applied (ingest would acknowledge
+    it): it fails, and the caller's retry lands on the new master."""
+    store = await open_store(cluster.url, grace_seconds=3600)
+    try:
+        await store.apply([ev("a", 1, "frozen")], now_ms=NOW)
+        cluster.replicated()
+        slot_key = keys.group("frozen")[0]
+        port = cluster.master_of(slot_key)
+        cluster.freeze_port(port)
+        try:
+            sent = asyncio.create_task(store.apply([ev("b", 2, "frozen")], now_ms=NOW))
+            await asyncio.to_thread(cluster.failed_over, slot_key, port)
+        finally:
+            await asyncio.to_thread(cluster.thaw)
+        try:
+            outcomes = await sent
+        except StoreUnavailable:
+            outcomes = None  # not acknowledged: the caller applies it again
+        await asyncio.to_thread(cluster.demoted, port)
+        failures = 0
+        while outcomes is None:
+            try:
+                outcomes = await store.apply([ev("b", 2, "frozen")], now_ms=NOW)
+            except StoreUnavailable:
+                failures += 1
+                assert failures <= 3, "the store did not follow the failover"
+        assert set(await store.all_known("frozen")) == {"a", "b"}
     finally:
         await store.close()

@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--settle",
         type=float,
-        default=90.0,
-        help="longest wait for the queue to settle after the run",
+        default=300.0,
+        help="longest wait for the queue to settle after the run (the enforcer's bisections "
+        "begun late in a 10-minute run took more than 90 s)",
     )
     parser.add_argument("--faults", default="", help="draw only these kinds (comma-separated)")
     args = parser.parse_args(argv)

@@ -457,15 +457,21 @@ def check_index(
     findings: Findings,
 ) -> None:
     """Every event acknowledged was applied: per key, every task created after ``since`` (the
-    last time the index was lost) that has a run is in the index, at the queue's newest run
-    and state. Counted per key against the queue, so that one lost event in hundreds shows."""
+    last time the index was lost), or whose newest run was scheduled after it (a dependent
+    scheduled later, a run retried: every event of that run came after), is in the index, at
+    the queue's newest run and state. Counted per key against the queue, so that one lost
+    event in hundreds shows."""
+
+    def after(p: Pushed) -> bool:
+        runs = statuses.get(p.task_id, {}).get("runs")
+        if not runs:
+            return False
+        scheduled = runs[-1].get("scheduled")
+        return p.created > since or (scheduled is not None and _ms(scheduled) > since * 1000)
+
     checked = 0
     for key in sorted({p.key for p in tasks.values()}):
-        ours = [
-            p
-            for p in tasks.values()
-            if p.key == key and p.created > since and statuses.get(p.task_id, {}).get("runs")
-        ]
+        ours = [p for p in tasks.values() if p.key == key and after(p)]
         held = index.get(key, {})
         missing, stale = [], []
         for p in ours:

@@ -188,6 +188,50 @@ class Cluster:
         self.frozen.add(port)
         return f"master {port}"
 
+    def master_of(self, key: str) -> int:
+        """The port of the master serving ``key``'s slot."""
+        with self._client(self.ports[0]) as client:
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+        port = self._serving(slot)
+        assert port is not None, f"no master serves slot {slot}"
+        return port
+
+    def _serving(self, slot: int) -> int | None:
+        """The port of the master of ``slot`` as a node other than the frozen ones sees it."""
+        live = next(p for p in self.ports if p not in self.frozen and self._answers(p))
+        with self._client(live) as client:
+            for first, last, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                if first <= slot <= last:
+                    return int(master[1])
+        return None
+
+    def freeze_port(self, port: int) -> None:
+        os.kill(self.procs[port].pid, signal.SIGSTOP)
+        self.frozen.add(port)
+
+    def failed_over(self, key: str, port: int, within: float = 30) -> None:
+        """Wait until a node other than ``port`` serves ``key``'s slot and the cluster is ok
+        without it (its replica promoted while it is frozen)."""
+        with self._client(next(p for p in self.ports if p != port)) as client:
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+        self._until(
+            lambda: self._serving(slot) not in (None, port) and self._ok_without(port),
+            within,
+            f"a replica of {port} to be promoted",
+        )
+
+    def demoted(self, port: int, within: float = 30) -> None:
+        """Wait until the node at ``port`` is a replica in sync with its master."""
+
+        def synced() -> bool:
+            if not self._answers(port):
+                return False
+            with self._client(port) as client:
+                info = client.info("replication")
+            return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+        self._until(synced, within, f"{port} to rejoin as a replica")
+
     def thaw(self) -> None:
         for port in list(self.frozen):
             os.kill(self.procs[port].pid, signal.SIGCONT)

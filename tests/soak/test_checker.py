@@ -255,3 +255,24 @@ def test_an_event_lost_after_the_index_was_last_lost_is_found() -> None:
     checker.check_index(tasks, statuses, index, 20.0, findings)
     assert [v.invariant for v in findings.violations] == ["every event acknowledged was applied"]
     assert "missing ['b']" in findings.violations[0].detail
+
+
+def test_a_run_scheduled_after_the_index_was_last_lost_is_checked_too() -> None:
+    tasks = {
+        "dependent": Pushed("dependent", "k", 1, 10.0, ("a",)),
+        "retried": Pushed("retried", "k", 2, 11.0),
+        "old": Pushed("old", "k", 3, 12.0),
+    }
+    later, earlier = "1970-01-01T00:00:25.000Z", "1970-01-01T00:00:15.000Z"
+    statuses = {
+        "dependent": status({**run("completed", "completed"), "scheduled": later}),
+        "retried": status(
+            {**run("exception", "worker-shutdown"), "scheduled": earlier},
+            {**run("completed", "completed", "retry"), "scheduled": later},
+        ),
+        "old": status({**run("completed", "completed"), "scheduled": earlier}),
+    }
+    findings = checker.Findings()
+    checker.check_index(tasks, statuses, {"k": {}}, 20.0, findings)
+    assert findings.counts["tasks checked against the index"] == 2
+    assert "missing ['dependent', 'retried']" in findings.violations[0].detail

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from coalescer.store.cluster import ClusterPipeline, not_sent
+from coalescer.store.cluster import ClusterPipeline, healthy_replicas, not_sent, routing_key
 
 
 class Node:
@@ -142,3 +142,31 @@ async def test_redis_py_s_errors_before_and_after_sending_are_told_apart() -> No
     assert not_sent(RedisTimeoutError("Timeout connecting to server"))
     assert not not_sent(RedisTimeoutError("Timeout reading from 10.0.0.1:7000"))
     assert not not_sent(RedisConnectionError("Connection closed by server."))
+
+
+def test_a_command_goes_to_the_node_of_its_key_not_of_its_first_argument() -> None:
+    assert routing_key("evalsha", ("sha", 2, "{k}:a", "{k}:b", 7)) == "{k}:a"
+    assert routing_key("xreadgroup", ("enforce", "enforce-1", {"{k}:o": ">"})) == "{k}:o"
+    assert routing_key("hincrby", ("{co:keys}:stats", "answers", 1)) == "{co:keys}:stats"
+
+
+NODES = b"""\
+aaa 127.0.0.1:7001@17001 slave mmm 0 1795774612097 1 connected
+bbb 127.0.0.1:7002@17002 slave,fail mmm 0 1795774612097 1 connected
+ccc 127.0.0.1:7003@17003 slave,fail? mmm 0 1795774612097 1 connected
+ddd 127.0.0.1:7004@17004 slave ooo 0 1795774612097 2 connected
+mmm 127.0.0.1:7000@17000 myself,master - 0 1795774610000 1 connected 0-8191
+ooo 127.0.0.1:7005@17005 master - 0 1795774611194 2 connected 8192-16383
+"""
+
+
+def test_a_node_s_replicas_are_those_its_own_view_does_not_mark_failed() -> None:
+    # ccc is only suspected (fail?): a failover may still promote it, so it counts
+    assert healthy_replicas(NODES) == 2
+    assert healthy_replicas(NODES.replace(b" mmm 0", b" ooo 0")) == 0
+    parsed = {
+        "127.0.0.1:7000": {"node_id": "mmm", "flags": "myself,master", "master_id": "-"},
+        "127.0.0.1:7001": {"node_id": "aaa", "flags": "slave", "master_id": "mmm"},
+    }
+    assert healthy_replicas(parsed) == 1  # as older redis-py versions parse it
+    assert healthy_replicas(RedisConnectionError("gone")) is None  # unknown: may have one

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -364,13 +364,20 @@ class Actions:
             return Result("protected", started_ms=started)
         definition = definition_json(await self.queue.task(entry.victim))
         cascaded = await self.cascade(entry) if entry.cascade == "cancel" else ()
-        await self._link(entry, int(run["runId"]))
+        run_id = int(run["runId"])
         try:
-            await self.queue.cancelTask(entry.victim)
+            done = await self.queue.cancelTask(entry.victim)
         except TaskclusterFailure as exc:
             if http_status(exc) != 409:
                 raise
             return Result("gone", cascaded=cascaded)
+        after = next((r for r in done["status"]["runs"] if r["runId"] == run_id), run)
+        if after["state"] != "exception":
+            # Its worker resolved it first (the queue's cancel then changes nothing): it is
+            # its own result, and the dependents canceled for it run after all if it passed.
+            return await self._not_canceled(entry, after["state"], cascaded)
+        # On the canceled run: the queue takes an artifact a while after an exception.
+        await self._link(entry, run_id)
         log.info("%s canceled, superseded by %s (%s)", entry.victim, entry.primary, entry.reason)
         return Result(
             "canceled",
@@ -379,6 +386,28 @@ class Actions:
             definition=definition,
             cascaded=cascaded,
         )
+
+    async def _not_canceled(self, entry: Entry, state: str, cascaded: Sequence[str]) -> Result:
+        """A running victim its worker resolved ``state`` before the cancel reached the queue:
+        ``gone``; the dependents the cascade canceled for it run again if it completed (a
+        failed one's would never have been scheduled)."""
+        again = []
+        if state == "completed":
+            for task_id in cascaded:
+                try:
+                    await self.queue.rerunTask(task_id)
+                    again.append(task_id)
+                except TaskclusterFailure as exc:
+                    if http_status(exc) != 409:  # past its deadline
+                        raise
+        log.info(
+            "%s was resolved %s by its worker before it could be canceled; %d dependents "
+            "canceled with it run again",
+            entry.victim,
+            state,
+            len(again),
+        )
+        return Result("gone")
 
     async def cascade(self, entry: Entry) -> tuple[str, ...]:
         """Cancel every unresolved task that depends on the victim, transitively, the deepest

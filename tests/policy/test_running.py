@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
+from coalescer.emulator.harness import QueueEmulator
 from coalescer.policy.rules import Policy
+from coalescer.store import Store
 from coalescer.worker import Claim, Options, Outcome, Superseded
 from tests.policy.support import Loop, rule
 from tests.worker.support import claim_work, make_shim
@@ -75,3 +78,42 @@ async def test_a_task_that_has_run_longer_than_protected_is_never_canceled(loop:
     assert loop.last_run(middle)["reasonResolved"] == "superseded"
     assert loop.last_run(old)["state"] == "running"
     assert loop.last_run(late)["state"] == "pending"
+
+
+@pytest.fixture
+def cascading() -> Policy:
+    return rule("k", strategy="latest-wins", supersede_running=True, cascade="cancel")
+
+
+async def test_a_victim_its_worker_completes_before_the_cancel_keeps_its_result(
+    queue_emulator: QueueEmulator, store: Store, cascading: Policy
+) -> None:
+    loop = Loop(queue_emulator, store, cascading)
+    old = loop.create()
+    claim = loop.claim(old)
+    dependent = loop.create("other", dependencies=[old])
+    await loop.feed()
+    new = loop.create()
+    await loop.feed()
+    async with loop.enforcer() as enforcer:
+        real = enforcer.actions.queue.cancelTask  # type: ignore[attr-defined]
+
+        async def worker_first(task_id: str) -> Any:
+            if task_id == old:
+                loop.resolve(claim, "completed")  # the worker reports just before the cancel
+            return await real(task_id)
+
+        enforcer.actions.queue.cancelTask = worker_first  # type: ignore[attr-defined]
+        for _ in range(50):
+            await loop.feed()
+            if not await enforcer.round():
+                break
+    # The passing run keeps its result, with no link to a task that did not replace it...
+    assert [r["state"] for r in loop.status(old)["runs"]] == ["completed"]
+    assert loop.artifact(old, 0, "public/superseded-by.json") is None
+    # ...and the dependent canceled with it runs after all.
+    assert [r["state"] for r in loop.status(dependent)["runs"]][-1] == "pending"
+    async with loop.service() as http:
+        lineage = (await http.get(f"/v1/tasks/{old}")).json()
+    assert lineage["supersededBy"]["state"] == "gone"
+    assert loop.last_run(new)["state"] == "pending"

@@ -16,8 +16,10 @@ counterpart does on a queue, from where the victim stands in the pool:
   runs it).
 * ``cancel``: a running victim is canceled, unless it has run longer than the rule protects;
   its worker stops at once (no reclaim lag is modelled).
-* ``rerun``: a task resolved with its own result is pending again in a new run (an extra one),
-  unless it has a newer run already or its deadline passed (``gone``).
+* ``rerun``: a task resolved (with its own result, or superseded) is pending again in a new
+  run (an extra one), and one never scheduled is scheduled, unless it has a newer run already
+  or its deadline passed (``gone``).
+* ``dependencies``, ``dependents``: the history's task graph, with the configuration's keys.
 
 ``on-primary-failure: bisect`` is the enforcer's own search too
 (:class:`~coalescer.policy.bisecting.Searcher`, with the rule's ``bisect-confirm``): a probe is

@@ -425,18 +425,23 @@ class Searcher:
         if deadline <= now + 2 * int(doc["longest"]):
             return "out"
         why = f"run again for the bisection after {primary} failed"
+
+        async def take(of: str, task: str, after: int) -> bool:
+            """``task`` of key ``of`` taken from its decisions for its run after ``after``."""
+            return await outbox.reserve(
+                self.store,
+                of,
+                task,
+                run=after + 1,
+                by=primary,
+                rule=doc["rule"],
+                reason=why,
+                now_ms=now,
+                expire_ms=deadline,
+            )
+
         # Taken from the key's decisions first: its run may come of its dependencies' own.
-        if not await outbox.reserve(
-            self.store,
-            key,
-            task_id,
-            run=run + 1,
-            by=primary,
-            rule=doc["rule"],
-            reason=why,
-            now_ms=now,
-            expire_ms=deadline,
-        ):
+        if not await take(key, task_id, run):
             return "out"
         for dep, dkey, drun in doc["gap"][task_id]:
             record = (await self.store.known(dkey, [dep])).get(dep)
@@ -452,17 +457,7 @@ class Searcher:
             if state == "failed" or not await self._ended_by_decision(dkey, dep, primary):
                 return "out"  # broken, or ended by a person or the queue: nothing to learn
             # Taken from its key's decisions, then run again.
-            if not await outbox.reserve(
-                self.store,
-                dkey,
-                dep,
-                run=drun + 1,
-                by=primary,
-                rule=doc["rule"],
-                reason=why,
-                now_ms=now,
-                expire_ms=deadline,
-            ):
+            if not await take(dkey, dep, drun):
                 return "out"
             done = await self.actions.rerun(dep, drun)
             if done.state != "rerun":

@@ -84,10 +84,9 @@ def push(loop: Loop, n: int) -> tuple[str, str]:
     return build, test
 
 
-async def test_a_push_never_scheduled_runs_its_superseded_build_then_its_test(
-    queue_emulator: QueueEmulator, store: Store
-) -> None:
-    loop = Loop(queue_emulator, store, gap_policy(), rank_tag="push")
+async def three_pushes(loop: Loop) -> tuple[tuple[str, str], ...]:
+    """Push 0 builds and its test passes; push 2's build holds push 1's for it, completes, and
+    push 1's build is superseded by it (its test never runs); push 2's test is pending."""
     b0, t0 = push(loop, 0)
     loop.resolve(loop.claim(b0), "completed")
     loop.em.wait_for_message("task-pending", t0)  # the queue's dependency resolver
@@ -96,12 +95,19 @@ async def test_a_push_never_scheduled_runs_its_superseded_build_then_its_test(
     b2, t2 = push(loop, 2)
     await loop.feed()
     await enforce(loop, "e1")
-    # The newer build holds the older; it completes, and the older is superseded by it:
-    # push 1's test never runs (canceled with its build: cascade).
     loop.resolve(loop.claim(b2), "completed")
     loop.em.wait_for_message("task-pending", t2)
     await loop.feed()
     await enforce(loop, "e1")
+    return (b0, t0), (b1, t1), (b2, t2)
+
+
+async def test_a_push_never_scheduled_runs_its_superseded_build_then_its_test(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = Loop(queue_emulator, store, gap_policy(), rank_tag="push")
+    (_, t0), (b1, t1), (_, t2) = await three_pushes(loop)
+    # Push 1's test never runs: canceled with its build (cascade).
     assert loop.last_run(b1)["reasonResolved"] == "superseded"
     assert loop.last_run(t1)["reasonResolved"] == "canceled"
     # Push 1 broke the test: push 2's test fails.
@@ -133,18 +139,7 @@ async def test_a_test_never_scheduled_is_scheduled_by_its_build_and_jumps_the_qu
     queue_emulator: QueueEmulator, store: Store
 ) -> None:
     loop = Loop(queue_emulator, store, gap_policy(cascade="leave"), rank_tag="push")
-    b0, t0 = push(loop, 0)
-    loop.resolve(loop.claim(b0), "completed")
-    loop.em.wait_for_message("task-pending", t0)
-    loop.resolve(loop.claim(t0), "completed")
-    b1, t1 = push(loop, 1)
-    b2, t2 = push(loop, 2)
-    await loop.feed()
-    await enforce(loop, "e1")
-    loop.resolve(loop.claim(b2), "completed")
-    loop.em.wait_for_message("task-pending", t2)
-    await loop.feed()
-    await enforce(loop, "e1")
+    (_, t0), (b1, t1), (_, t2) = await three_pushes(loop)
     # Left as it was with its build superseded: push 1's test is never scheduled.
     assert loop.status(t1)["state"] == "unscheduled"
     loop.resolve(loop.claim(t2), "failed")

@@ -63,7 +63,7 @@ test: $(TEST_STAMP) $(LOWEST_STAMP)
 	@# Installs and starts what the tests need once, before two passes run side by side.
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest --version
 	@mkdir -p build
-	@$(BIN)/python scripts/with_services.py $(LOWEST)/bin/pytest -q -p no:cacheprovider \
+	@TEST_PASS=lowest $(BIN)/python scripts/with_services.py $(LOWEST)/bin/pytest -q -p no:cacheprovider \
 		$(PYTEST_PARALLEL) $(LOWEST_SCOPE) > build/test-lowest.log 2>&1 & \
 	$(BIN)/python scripts/with_services.py $(BIN)/pytest -q $(PYTEST_PARALLEL); newest=$$?; \
 	wait $$!; lowest=$$?; \

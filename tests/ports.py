@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
@@ -9,14 +10,41 @@ import socket
 _RABBITMQ_CLI = range(35672, 35683)
 
 
+#: Ports already handed out by this process (two servers started together never share one).
+_handed: set[int] = set()
+
+
 def free_port() -> int:
-    """A port nothing listens on right now (the kernel's choice, outside RabbitMQ's CLI range)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _RABBITMQ_CLI:
+    """A port nothing listens on right now, for one server a test starts.
+
+    Drawn at random below the kernel's ephemeral ports (no outgoing connection takes it before
+    the server binds it), from this process's own slice (:func:`_slice`): two tests that run at
+    once, in other workers or in the other pass of ``make test``, never draw the same port,
+    and this process never hands one out twice.
+    """
+    share = _slice()
+    for _ in range(500):
+        port = random.randrange(share.start, share.stop)
+        if port not in _handed and port not in _RABBITMQ_CLI and _bindable(port):
+            _handed.add(port)
             return port
+    _handed.clear()  # a long session has used its slice up: ports handed out long ago are free
+    return free_port()
+
+
+def _slice() -> range:
+    """One of 16 slices of the ports between 10000 and the ephemeral range: by pytest-xdist
+    worker (``gw0``, ``gw1``, ...) and by pass (``make test`` runs the lowest-versions pass
+    beside the newest with ``TEST_PASS=lowest``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = (int(worker) if worker.isdigit() else 0) % 8
+    if os.environ.get("TEST_PASS") == "lowest":
+        index += 8
+    low, high = 10000, _ephemeral().start
+    if high - low < 16 * 100:
+        low, high = 20000, 45000
+    size = (high - low) // 16
+    return range(low + index * size, low + (index + 1) * size)
 
 
 def _bindable(port: int) -> bool:

@@ -1,8 +1,14 @@
 """Task groups (listTaskGroup, getTaskGroup, sealTaskGroup, cancelTaskGroup) and priorities
-(changeTaskPriority, changeTaskGroupPriority), through the official taskcluster client."""
+(changeTaskPriority, changeTaskGroupPriority), through the official taskcluster client.
+
+The background work (the dependency resolver above all) runs here only when a test advances the
+clock: whether a task is already marked ever-resolved is then the test's choice, not a race with
+a ticker.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -12,9 +18,15 @@ from taskcluster.exceptions import TaskclusterRestFailure
 
 from coalescer.emulator.clock import format_time, parse_time
 from coalescer.emulator.collation import sort_key
-from coalescer.emulator.harness import QueueEmulator
+from coalescer.emulator.harness import TEST_OPTIONS, QueueEmulator
+from coalescer.emulator.runtime import EmulatorOptions
 
 from .conftest import QUEUE_ID, WORKER, CheckedQueue, as_worker, claim_one, kinds
+
+
+@pytest.fixture
+def queue_emulator_options() -> EmulatorOptions:
+    return dataclasses.replace(TEST_OPTIONS, tick_interval=3600.0)
 
 
 def refused(call: Any, *args: Any) -> TaskclusterRestFailure:

@@ -245,6 +245,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         _traced("/v1/events", post_events, "POST"),
         _traced("/v1/bisections", bisections.post_bisection, "POST"),
         _traced("/v1/bisections", bisections.list_bisections),
+        _traced("/v1/bisections/gap", bisections.gap),
         _traced("/v1/tasks/{taskId}", lineage.task_lineage),
         _traced("/v1/tasks/{taskId}/supersedes", lineage.task_handoff),
         _traced("/v1/policy", lineage.policy_stats),

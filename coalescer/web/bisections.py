@@ -6,6 +6,9 @@ findings itself; a worker reports its own here:
 
 * ``GET /v1/bisections?key=`` — a key's findings, newest first, a page at a time
   (:func:`list_bisections`);
+* ``GET /v1/bisections/gap?key=&before=[&after=]`` — what the index knows of the key's tasks
+  ordered between two of them (:func:`gap`): a worker's search, which ran only what it held,
+  asks it before it names a culprit;
 * ``POST /v1/bisections`` — one finding (the shape in :mod:`coalescer.store.bisections`,
   without ``tasks``, which the store adds), authenticated as ``POST /v1/events`` is, checked
   strictly (:data:`FINDING`, every taskId and the key), recorded and counted
@@ -34,7 +37,7 @@ from coalescer.observe import FINDINGS_LIMITED, bisection_recorded
 from coalescer.store import Store, bisections
 from coalescer.store import keyset as stored
 from coalescer.web.ingest import check_token, json_body
-from coalescer.web.responses import JSON
+from coalescer.web.responses import JSON, error
 from coalescer.web.shapes import INSTANT
 
 #: Bounds on a reported finding: a search over at most :data:`MAX_HELD` held tasks makes a few
@@ -356,6 +359,33 @@ async def list_bisections(request: Request) -> Response:
     if more is not None:
         body["continuationToken"] = f"{more[0]}.{more[1]}"
     return JSON(body)
+
+
+async def gap(request: Request) -> Response:
+    """``GET /v1/bisections/gap?key=K&before=C[&after=G]``: the tasks of ``K`` the index knows
+    (pending, running or resolved, until their deadline passes) ordered strictly between task
+    ``G`` and task ``C`` (below ``C`` when no ``after``), oldest first, each with its latest
+    run's state. 404 when the index does not know ``C`` or ``G`` under the key."""
+    params = request.query_params
+    key = model.check_key(params.get("key", ""))
+    before = model.check_task_id(params.get("before", ""))
+    after = params.get("after")
+    if after is not None:
+        after = model.check_task_id(after)
+    known = await request.app.state.store.all_known(key)
+    for task_id in (before, after):
+        if task_id is not None and task_id not in known:
+            return error(404, f"the index knows no task {task_id} of key {key}", taskId=task_id)
+    top = known[before].order
+    low = float("-inf") if after is None else known[after].order
+    between = sorted(
+        (r for r in known.values() if low < r.order < top), key=lambda r: (r.order, r.task_id)
+    )
+    tasks = [
+        {"taskId": r.task_id, "runId": r.run_id, "order": r.order, "state": r.state}
+        for r in between
+    ]
+    return JSON({"key": key, "tasks": tasks})
 
 
 def role(finding: Mapping[str, Any], task_id: str) -> str | None:

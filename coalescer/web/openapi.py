@@ -304,6 +304,75 @@ def document() -> dict[str, Any]:
                     },
                 ),
             },
+            "/v1/bisections/gap": {
+                "get": _op(
+                    "The tasks of a key the index knows (pending, running or resolved, until "
+                    "their deadline passes) ordered strictly between two of its tasks, oldest "
+                    "first, each with its latest run's state: what a worker's bisection, which "
+                    "ran only the tasks it held, asks before it names a culprit",
+                    {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["key", "tasks"],
+                                "properties": {
+                                    "key": {"type": "string"},
+                                    "tasks": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["taskId", "runId", "order", "state"],
+                                            "properties": {
+                                                "taskId": {"type": "string"},
+                                                "runId": {"type": "integer", "minimum": 0},
+                                                "order": shapes.ORDER,
+                                                "state": {
+                                                    "type": "string",
+                                                    "description": "the latest run's state, "
+                                                    "as the queue names it",
+                                                },
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                            "The tasks between",
+                        ),
+                        **_errors(400, 404, 503),
+                    },
+                    parameters=[
+                        {
+                            **_param(
+                                "key",
+                                "query",
+                                {
+                                    "type": "string",
+                                    "pattern": model.KEY_RE.pattern,
+                                    "maxLength": model.MAX_KEY_LENGTH,
+                                },
+                                "Coalescing key (dotted)",
+                            ),
+                            "required": True,
+                        },
+                        {
+                            **_param(
+                                "before",
+                                "query",
+                                {"type": "string", "pattern": _SLUGID},
+                                "The newer task (a search's first failing push)",
+                            ),
+                            "required": True,
+                        },
+                        _param(
+                            "after",
+                            "query",
+                            {"type": "string", "pattern": _SLUGID},
+                            "The older task (its last good push); without it, every task "
+                            "below the newer",
+                        ),
+                    ],
+                )
+            },
             "/v1/tasks/{taskId}": {
                 "get": _op(
                     "Superseding lineage (policies that decide on arrival): what superseded "

@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from coalescer.bisection import Bisection, expiring, stand_ins
+from coalescer.bisection import Bisection, contradicted, expiring, stand_ins
 from coalescer.concurrency import all_ended
 from coalescer.verdicts import DEFAULT_CONFIDENCE, DEFAULT_FLAKE, Verdict
 from coalescer.worker.claims import Claim, Clock, parse_time
@@ -69,6 +69,9 @@ class Finding:
     intermittent: list[Ref] = dataclasses.field(default_factory=list)
     #: Each superseded victim and the run whose result stands for it.
     stood_for: dict[Ref, Ref] = dataclasses.field(default_factory=dict)
+    #: Tasks of the key between the last good and the first failing task held that did not
+    #: pass (outside the search, or dropped from it): the culprit is then only a suspect.
+    between: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def extra_runs(self) -> int:
@@ -79,6 +82,12 @@ class Finding:
 #: Why ``claim`` is superseded by ``stand_in``, given what the search found.
 Explain = Callable[[Claim, Claim, Finding], Why]
 Run = Callable[[Claim], Coroutine[Any, Any, Outcome]]
+#: The superseder service's index, asked for the key's tasks between the last good task
+#: (None: none) and the first failing one: ``{taskId: (order, state)}``, None when it cannot
+#: say.
+Gap = Callable[[str | None, str], Awaitable[Mapping[str, tuple[float, str]] | None]]
+#: What stands for the index's answer when the service cannot give one.
+UNKNOWN = "(the superseder service could not say what lies between)"
 
 
 @dataclasses.dataclass
@@ -122,6 +131,7 @@ class Search:
         changed: asyncio.Event,
         stop: asyncio.Event | None,
         concurrency: int = 8,
+        gap: Gap | None = None,
     ) -> None:
         self.claims = list(claims)
         self.n = len(self.claims) - 1
@@ -133,6 +143,7 @@ class Search:
         self._longest, self._explain = longest, explain
         self._changed, self._stop = changed, stop
         self._bound = asyncio.Semaphore(max(1, concurrency))
+        self._gap = gap
 
     async def __call__(self) -> Ledger:
         try:
@@ -149,9 +160,45 @@ class Search:
             await self._give_back()
             self._find()
             return self.ledger
+        await self._check_gap()
         self._find()
         await self._conclude()
         return self.ledger
+
+    async def _check_gap(self) -> None:
+        """A worker runs only what it held: a task of the key between the last good and the
+        culprit may have run on another worker, or be running or pending there. The culprit is
+        named only when every such task the search did not run passed, as the service's index
+        says (:func:`~coalescer.bisection.contradicted`); else, or when the service cannot say,
+        the verdict is inconclusive and the culprit a suspect."""
+        search = self.search
+        if search.named is None or self._gap is None:
+            return
+        culprit, good = search.named, search.last_good
+        known = await self._gap(
+            None if good is None else self.claims[good].task_id, self.claims[culprit].task_id
+        )
+        if known is None:
+            between = [UNKNOWN]
+        else:
+            ours = {c.task_id for c in self.claims}
+            outside = {t: k for t, k in known.items() if t not in ours}
+            between = contradicted(None, float("inf"), outside)
+            between += [
+                self.claims[i].task_id
+                for i in sorted(search.dropped)
+                if (good is None or good < i)
+                and i < culprit
+                and known.get(self.claims[i].task_id, (0.0, ""))[1] != "completed"
+            ]
+        if between:
+            self.ledger.finding.between = between
+            log.info(
+                "bisection after %r: %s did not pass, between the last good and the first "
+                "failing task held: inconclusive",
+                self.primary,
+                ", ".join(between[:5]),
+            )
 
     async def _probe(self, index: int, attempt: int) -> None:
         claim = self.claims[index]
@@ -264,9 +311,11 @@ class Search:
         if self.ledger.aborted is not None:
             return
         finding.verdict = search.verdict
+        if finding.between:
+            finding.verdict = Verdict.INCONCLUSIVE
         if search.culprit is not None:
             finding.probability = round(search.probability(search.culprit), 6)
-            if search.named is None:
+            if search.named is None or finding.between:
                 finding.suspect = _ref(self.claims[search.culprit])
             else:
                 finding.culprit = _ref(self.claims[search.named])
@@ -324,6 +373,16 @@ class Search:
                 finding.extra_runs,
                 len(finding.intermittent),
                 extra={"task_id": finding.culprit[0]},
+            )
+        elif finding.suspect is not None:
+            log.info(
+                "bisection after %r: inconclusive: task %s run %d is the first failing of the "
+                "%d tasks it held, not named the culprit; %d extra runs",
+                self.primary,
+                *finding.suspect,
+                self.n,
+                finding.extra_runs,
+                extra={"task_id": finding.suspect[0]},
             )
         else:
             log.info(

@@ -65,9 +65,21 @@ def located(
     culprit: tuple[str, int] | None,
     last_good: tuple[str, int] | None,
     stand_in: str,
+    suspect: tuple[str, int] | None = None,
 ) -> str:
     """The rule of a run superseded after a bisection (``--on-primary-failure bisect``): what
-    the search found, and why ``stand_in``'s result stands for the run."""
+    the search found, and why ``stand_in``'s result stands for the run. ``suspect``: the first
+    failing task, when the search ended without naming it the culprit."""
+    if culprit is None and suspect is not None:
+        found = (
+            f"the primary {primary} failed; bisecting the {held} older tasks it held ({runs} more "
+            f"runs) found task {suspect[0]} run {suspect[1]} the first failing of them, but named "
+            "no culprit: a task between it and the last good did not pass, or the runs allowed "
+            "were spent. "
+        )
+        if stand_in == suspect[0]:
+            return found + "This task is newer than that task, whose failure stands for it"
+        return found + "This task is older than the last good task, whose pass stands for it"
     if culprit is None:
         return (
             f"the primary {primary} failed, then passed when run again: the failure was "

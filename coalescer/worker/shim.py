@@ -292,6 +292,7 @@ class Shim:
                         changed=changed,
                         stop=stop,
                         concurrency=self.options.claim_concurrency,
+                        gap=lambda after, before: self._gap(taskset, after, before),
                     )
                     ledger = await search()
                     report.outcome, report.aborted = ledger.outcome, ledger.aborted
@@ -361,21 +362,49 @@ class Shim:
         fate = secondary_fate(outcome, self.options.on_primary_failure)
         return fate == "bisect" and any(not c.done for c in taskset.secondaries)
 
+    def _findings_at(self, taskset: TaskSet) -> tuple[str, str] | None:
+        """The key and the service's ``/v1/bisections`` URL the task's ``supersederUrl`` names,
+        when it is under an allowed prefix; else None."""
+        task = taskset.initial.task
+        routes, prefix = list(task.get("routes") or []), self.options.route_prefix
+        url = superseder_url(task)
+        key = findings.reported_key(url, routes, prefix)
+        target = findings.report_url(url, routes, prefix)
+        if key is None or target is None:
+            return None
+        target = canonical_url(target)
+        return (key, target) if url_allowed(target, self.options.allow) else None
+
+    async def _gap(
+        self, taskset: TaskSet, after: str | None, before: str
+    ) -> dict[str, tuple[float, str]] | None:
+        """What the service's index knows of the key's tasks between ``after`` and ``before``
+        (``GET /v1/bisections/gap``, no token needed): ``{taskId: (order, state)}``, None when
+        it cannot say."""
+        try:
+            at = self._findings_at(taskset)
+            if at is None:
+                return None
+            params = {"key": at[0], "before": before, **({"after": after} if after else {})}
+            async with asyncio.timeout(self.options.timeout):
+                response = await self.http.get(f"{at[1]}/gap", params=params)
+            response.raise_for_status()
+            return {
+                t["taskId"]: (float(t["order"]), str(t["state"])) for t in response.json()["tasks"]
+            }
+        except Exception as exc:  # it cannot say: the search's culprit stays a suspect
+            log.info("the tasks between %s and %s not read: %s", after, before, exc)
+            return None
+
     async def _flake(self, taskset: TaskSet) -> float:
         """The key's flake rate, from the findings the superseder service holds for it
         (``GET /v1/bisections?key=K``, no token needed); the prior's when the service cannot
         say (not asked under an allowed prefix, slow, or answering something else)."""
-        task = taskset.initial.task
-        routes, prefix = list(task.get("routes") or []), self.options.route_prefix
         try:
-            url = superseder_url(task)
-            key = findings.reported_key(url, routes, prefix)
-            target = findings.report_url(url, routes, prefix)
-            if key is None or target is None:
+            at = self._findings_at(taskset)
+            if at is None:
                 return DEFAULT_FLAKE
-            target = canonical_url(target)
-            if not url_allowed(target, self.options.allow):
-                return DEFAULT_FLAKE
+            key, target = at
             async with asyncio.timeout(self.options.timeout):
                 response = await self.http.get(
                     target, params={"key": key, "limit": str(FLAKE_FINDINGS)}
@@ -455,10 +484,11 @@ class Shim:
     def _located(self, taskset: TaskSet, claim: Claim, stand_in: Claim, found: Finding) -> Why:
         """Why ``claim`` is superseded by ``stand_in`` after a bisection, for its log."""
         url = superseder_url(taskset.initial.task)
-        if found.culprit is None:
+        failing = found.culprit or found.suspect
+        if failing is None:
             role = "the primary, whose failure did not come back when run again"
-        elif stand_in.task_id == found.culprit[0]:
-            role = "the culprit: the first failing task"
+        elif stand_in.task_id == failing[0]:
+            role = "the culprit: the first failing task" if found.culprit else "the first failing"
         else:
             role = "the last good task"
         return Why(
@@ -469,6 +499,7 @@ class Shim:
                 found.culprit,
                 found.last_good,
                 stand_in.task_id,
+                found.suspect,
             ),
             order=notice.listed_order(taskset.listed, claim.task_id, stand_in.task_id, role),
             service=notice.service_base(

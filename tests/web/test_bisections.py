@@ -391,3 +391,50 @@ async def test_a_bad_listing_request_is_a_400(
 async def test_a_key_without_findings_lists_none(client: httpx.AsyncClient) -> None:
     r = await client.get("/v1/bisections", params={"key": "nothing.here"})
     assert r.status_code == 200 and r.json() == {"key": "nothing.here", "findings": []}
+
+
+async def test_the_gap_lists_what_the_index_knows_between_two_tasks_of_a_key(
+    client: httpx.AsyncClient,
+) -> None:
+    """What a worker's search asks before it names a culprit: every task of the key between
+    the last good and the first failing task it held, whatever its state, oldest first."""
+    t = ids(6)
+    states = ["completed", "failed", "running", "pending", "pending"]
+    await post(
+        client,
+        *(make_message(t[i], s, scheduled=at(i + 1)) for i, s in enumerate(states)),
+        make_message(t[5], "failed", scheduled=at(3), routes=("coalesce.v1.other",)),
+    )
+    r = await client.get("/v1/bisections/gap", params={"key": "k", "after": t[0], "before": t[4]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["key"] == "k"
+    assert [(x["taskId"], x["state"]) for x in body["tasks"]] == list(
+        zip(t[1:4], states[1:4], strict=True)
+    )
+    orders = [x["order"] for x in body["tasks"]]
+    assert orders == sorted(orders) and all(x["runId"] == 0 for x in body["tasks"])
+    below = (await client.get("/v1/bisections/gap", params={"key": "k", "before": t[2]})).json()
+    assert [x["taskId"] for x in below["tasks"]] == t[:2]
+    jsonschema.validate(
+        body,
+        document()["paths"]["/v1/bisections/gap"]["get"]["responses"]["200"]["content"][
+            "application/json"
+        ]["schema"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "says"),
+    [
+        ({"before": "x"}, 400, "missing coalescing key"),
+        ({"key": "k"}, 400, "task"),
+        ({"key": "k", "before": "not-a-slug"}, 400, "not-a-slug"),
+        ({"key": "k", "before": "fN1SbArXTPSVFNUvaOlinQ"}, 404, "knows no task"),
+    ],
+)
+async def test_a_gap_of_unknown_or_malformed_tasks_says_why(
+    client: httpx.AsyncClient, params: dict[str, str], status: int, says: str
+) -> None:
+    r = await client.get("/v1/bisections/gap", params=params)
+    assert r.status_code == status and says in r.json()["error"], r.text

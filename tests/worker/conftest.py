@@ -19,7 +19,7 @@ from tests.worker.support import Served, Superseder, Tasks, make_shim
 @pytest.fixture
 def superseder() -> Iterator[Superseder]:
     s = Superseder()
-    app = Starlette(routes=[Route("/{key:path}", s.endpoint)])
+    app = Starlette(routes=[Route("/v1/bisections/gap", s.gap), Route("/{key:path}", s.endpoint)])
     with Served(app) as served:
         s.url = served.url
         yield s

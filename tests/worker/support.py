@@ -63,13 +63,26 @@ Answer = Callable[[str, str], Awaitable[Response]]
 
 class Superseder:
     """``GET /<key>?taskId=`` answers ``lists[key]`` (default: just the taskId), or whatever
-    ``answer`` returns when set. ``asked`` records ``(key, taskId)``."""
+    ``answer`` returns when set. ``asked`` records ``(key, taskId)``. ``GET
+    /v1/bisections/gap?key=`` answers ``between[key]`` as the tasks between (default: none;
+    None: 503, the service cannot say); ``gaps`` records the queries."""
 
     def __init__(self) -> None:
         self.lists: dict[str, list[str]] = {}
         self.answer: Answer | None = None
         self.asked: list[tuple[str, str]] = []
+        self.between: dict[str, list[dict[str, Any]] | None] = {}
+        self.gaps: list[dict[str, str]] = []
         self.url = ""
+
+    async def gap(self, request: Request) -> Response:
+        params = dict(request.query_params)
+        self.gaps.append(params)
+        tasks = self.between.get(params["key"], [])
+        if tasks is None:
+            return Response(b'{"error": "Redis is unreachable"}', status_code=503)
+        body = {"key": params["key"], "tasks": tasks}
+        return Response(orjson.dumps(body), media_type="application/json")
 
     async def endpoint(self, request: Request) -> Response:
         key = request.path_params["key"]

@@ -18,6 +18,7 @@ from coalescer.errors import ConfigError
 from coalescer.settings import Settings
 from coalescer.worker import Claim, OnPrimaryFailure, Options, Outcome, Superseded
 from coalescer.worker import cli as worker_cli
+from coalescer.worker.culprit import UNKNOWN
 from coalescer.worker.protocol import COMPLETED, FAILED
 from tests.worker.support import (
     Superseder,
@@ -115,6 +116,67 @@ async def test_bisection_runs_few_pushes_and_supersedes_the_rest_by_what_stands_
     assert "older than the last good task" in tasks.artifact(
         ids[0], 0, "public/logs/live_backing.log"
     )
+
+
+def held_but(ids: list[str], left_out: int) -> list[str]:
+    """The superseder's answer without push ``left_out``: it ran, or runs, on another worker."""
+    return [t for t in ids if t != ids[left_out - 1]]
+
+
+@pytest.mark.parametrize("state", ["failed", "running", "pending"])
+async def test_a_push_between_the_last_good_and_the_culprit_not_passed_elsewhere_names_none(
+    queue_emulator: QueueEmulator,
+    options: Options,
+    tasks: Tasks,
+    superseder: Superseder,
+    state: str,
+) -> None:
+    """Push 4 broke, but another worker had it: the search over what this one held finds
+    push 5 the first failing. The service's index says push 4 did not pass, so push 5 is only
+    a suspect, and no victim's log calls it the culprit."""
+    ids = [tasks.create() for _ in range(9)]
+    superseder.lists["k"] = held_but(ids, 4)
+    superseder.between["k"] = [{"taskId": ids[3], "runId": 0, "order": 4.0, "state": state}]
+    async with make_shim(queue_emulator, bisecting(options, 0)) as shim:
+        report = await shim.run((await claim_work(shim))[0], Pushes(ids, first_bad=4))
+
+    found = report.bisection
+    assert found is not None
+    assert superseder.gaps == [{"key": "k", "after": ids[2], "before": ids[4]}]
+    assert (found.verdict, found.culprit, found.suspect) == ("inconclusive", None, (ids[4], 0))
+    assert found.between == [ids[3]] and found.last_good == (ids[2], 0)
+    text = tasks.artifact(ids[6], 0, "public/logs/live_backing.log")
+    assert f"found task {ids[4]} run 0 the first failing of them, but named no culprit" in text
+    assert "newer than that task, whose failure stands for it" in text
+    assert "the culprit" not in text
+
+
+async def test_a_push_between_that_passed_elsewhere_leaves_the_culprit_named(
+    queue_emulator: QueueEmulator, options: Options, tasks: Tasks, superseder: Superseder
+) -> None:
+    ids = [tasks.create() for _ in range(9)]
+    superseder.lists["k"] = held_but(ids, 4)
+    superseder.between["k"] = [{"taskId": ids[3], "runId": 0, "order": 4.0, "state": "completed"}]
+    async with make_shim(queue_emulator, bisecting(options, 0)) as shim:
+        report = await shim.run((await claim_work(shim))[0], Pushes(ids, first_bad=5))
+
+    found = report.bisection
+    assert found is not None and found.between == []
+    assert (found.verdict, found.culprit, found.last_good) == ("culprit", (ids[4], 0), (ids[2], 0))
+
+
+async def test_a_culprit_is_not_named_when_the_service_cannot_say_what_lies_between(
+    queue_emulator: QueueEmulator, options: Options, tasks: Tasks, superseder: Superseder
+) -> None:
+    ids = [tasks.create() for _ in range(5)]
+    superseder.lists["k"] = ids
+    superseder.between["k"] = None  # the service answers 503
+    async with make_shim(queue_emulator, bisecting(options, 0)) as shim:
+        report = await shim.run((await claim_work(shim))[0], Pushes(ids, first_bad=3))
+
+    found = report.bisection
+    assert found is not None and found.between == [UNKNOWN]
+    assert (found.verdict, found.culprit, found.suspect) == ("inconclusive", None, (ids[2], 0))
 
 
 async def test_a_confirmed_failure_narrows_and_an_intermittent_one_is_not_blamed(

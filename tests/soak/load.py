@@ -21,6 +21,8 @@ import taskcluster
 
 #: the worker pools' task queues: the pushes' tasks on the first, their dependents on the second
 BUILD_QUEUE, TEST_QUEUE = "soak/build", "soak/test"
+#: a task queue no worker serves: the soak claims its tasks itself, at chosen moments
+MANUAL_QUEUE = "soak/manual"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +131,7 @@ class Pusher:
             body["requires"] = "all-completed"
         return body
 
-    async def _create(
+    async def create(
         self, http: httpx.AsyncClient, key: str, queue: str, deps: tuple[str, ...] = ()
     ) -> str | None:
         self._rank += 1
@@ -152,9 +154,9 @@ class Pusher:
         """One push: a task on a random key, and with some probability a dependent of it on the
         second task queue (``requires: all-completed``), on the key's ``dep.`` twin."""
         key = self.rng.choice(self.keys)
-        task_id = await self._create(http, key, BUILD_QUEUE)
+        task_id = await self.create(http, key, BUILD_QUEUE)
         if task_id and self.rng.random() < self.dependent_share:
-            await self._create(http, f"dep.{key.replace('.', '-')}", TEST_QUEUE, (task_id,))
+            await self.create(http, f"dep.{key.replace('.', '-')}", TEST_QUEUE, (task_id,))
 
     async def stream(self, stop: asyncio.Event, rate: float) -> None:
         """About ``rate`` pushes a second until ``stop``."""
@@ -171,10 +173,10 @@ class Pusher:
         begins: this series' next ``bad`` pushes and every later push of the key fail."""
         async with httpx.AsyncClient(timeout=10) as http:
             for _ in range(good):
-                await self._create(http, key, BUILD_QUEUE)
+                await self.create(http, key, BUILD_QUEUE)
             self.broken.add(key)
             for _ in range(bad):
-                await self._create(http, key, BUILD_QUEUE)
+                await self.create(http, key, BUILD_QUEUE)
 
     async def burst(self, n: int) -> None:
         """``n`` pushes at once, and two on each paired key."""
@@ -182,7 +184,7 @@ class Pusher:
         async with httpx.AsyncClient(timeout=10) as http:
             await asyncio.gather(
                 *(self.push(http) for _ in range(n)),
-                *(self._create(http, key, BUILD_QUEUE) for key in pairs),
+                *(self.create(http, key, BUILD_QUEUE) for key in pairs),
             )
 
     def recent(self, key: str) -> str | None:

@@ -9,15 +9,18 @@ import dataclasses
 import os
 import random
 import re
+import signal
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import httpx
+import taskcluster.aio
 
 from coalescer.ingest.topology import dead_letter_names
 from coalescer.store import open_store
@@ -25,7 +28,7 @@ from tests.ports import free_port
 from tests.soak import checker, report
 from tests.soak.cast import Cast
 from tests.soak.faults import Faults, Injected
-from tests.soak.load import BUILD_QUEUE, TEST_QUEUE, Prober, Pusher, Scenario
+from tests.soak.load import BUILD_QUEUE, MANUAL_QUEUE, TEST_QUEUE, Prober, Pusher, Scenario
 from tests.soak.stores import Cluster, OneRedis
 from tests.tcp_proxy import TcpProxy
 
@@ -275,6 +278,7 @@ class Soak:
             asyncio.create_task(self._sample(stop)),
             asyncio.create_task(self._watch(stop)),
             asyncio.create_task(self._regressions(stop, self.t0 + config.duration / 4)),
+            asyncio.create_task(self._scenario(self._claimed_first(stop, config.duration / 3))),
         ]
         faults = asyncio.create_task(self.faults.run(until=end - min(10, config.duration / 6)))
         try:
@@ -304,6 +308,84 @@ class Soak:
             await asyncio.wait_for(stop.wait(), max(0.0, at - time.time()))
             return
         await asyncio.gather(*(self.pusher.regression(key) for key in REGRESSIONS))
+
+    async def _scenario(self, scenario: Awaitable[None]) -> None:
+        """Run a scenario; one that could not be played is said in the report's notes."""
+        try:
+            await scenario
+        except Exception as exc:
+            self.notes.append(f"a scenario could not be played: {exc!r}")
+
+    async def _claimed_first(self, stop: asyncio.Event, after: float) -> None:
+        """A victim claimed by a worker after its superseding was decided, before the enforcer
+        carries it out: surely once per soak, since the race it stands for is rare. With both
+        enforcers stopped, two pushes on ``lw.claimed`` (a rule without ``supersede-running``)
+        are decided on arrival; the soak claims the older one as a worker and marks it started,
+        then lets the enforcers go on: they must leave it running (``missed``)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, self.t0 + after - time.time()))
+            return
+        key = "lw.claimed"
+        queue = taskcluster.aio.Queue({"rootUrl": self.root}, session=None)
+        enforcers = [self.cast.pid(name) for name in ("enforce-1", "enforce-2")]
+        async with httpx.AsyncClient(timeout=10) as http:
+            try:
+                for pid in enforcers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+                older = await self.pusher.create(http, key, MANUAL_QUEUE)
+                newer = await self.pusher.create(http, key, MANUAL_QUEUE)
+
+                async def decided() -> bool:  # the older one's lineage names the newer
+                    with contextlib.suppress(httpx.HTTPError):
+                        r = await http.get(f"{self.service}/v1/tasks/{older}")
+                        return r.status_code == 200 and str(newer) in r.text
+                    return False
+
+                await self._until_async(decided, 30, "the superseding on lw.claimed decided")
+                claim = await self._claim_manual(queue)
+            finally:
+                for pid in enforcers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+
+            async def acted() -> bool:
+                said = "".join(self.cast.output(n, 10**7) for n in ("enforce-1", "enforce-2"))
+                state = (await queue.status(older))["status"]["state"]
+                return f"{older} missed" in said or state != "running"
+
+            await self._until_async(acted, 30, "the enforcers to act on the claimed victim")
+            await self._report_completed(queue, claim)
+            await self._report_completed(queue, await self._claim_manual(queue))
+        self.notes.append(f"{older} was claimed before its superseding was carried out")
+
+    async def _claim_manual(self, queue: Any) -> dict[str, Any]:
+        """Claim the oldest task of the manual queue as a worker; its command's mark says so."""
+        got = await queue.claimWork(
+            MANUAL_QUEUE, {"workerGroup": "soak", "workerId": "soak-manual", "tasks": 1}
+        )
+        [claim] = got["tasks"]
+        task_id, run_id = claim["status"]["taskId"], claim["runId"]
+        (self.scenario.marks / "ran" / f"{task_id}.{run_id}").touch()
+        return claim
+
+    async def _report_completed(self, queue: Any, claim: dict[str, Any]) -> None:
+        task_id, run_id = claim["status"]["taskId"], claim["runId"]
+        if (await queue.status(task_id))["status"]["runs"][run_id]["state"] != "running":
+            return  # the bug this scenario is here for (a canceled run): the checker says so
+        worker = taskcluster.aio.Queue(
+            {"rootUrl": self.root, "credentials": claim["credentials"]}, session=None
+        )
+        await worker.reportCompleted(task_id, str(run_id))
+
+    async def _until_async(
+        self, check: Callable[[], Awaitable[bool]], within: float, what: str
+    ) -> None:
+        give_up = time.monotonic() + within
+        while not await check():
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{what}: not within {within:.0f} s")
+            await asyncio.sleep(0.1)
 
     async def _sample(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

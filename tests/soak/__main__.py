@@ -29,6 +29,13 @@ def main(argv: list[str] | None = None) -> int:
         "begun late in a 10-minute run took more than 90 s)",
     )
     parser.add_argument("--faults", default="", help="draw only these kinds (comma-separated)")
+    parser.add_argument(
+        "--min-faults",
+        type=int,
+        default=5,
+        help="inject faults past the duration until this many were (a loaded machine fits "
+        "fewer in the same time)",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     report = args.report or Path(f"soak-report-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -42,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         settle=args.settle,
         only=tuple(filter(None, args.faults.split(","))),
+        min_faults=args.min_faults,
     )
     print(
         f"soak: {args.duration:.0f} s on {args.store}, seed {seed}, report in {report}", flush=True

@@ -107,11 +107,14 @@ class Faults:
         kinds = list(self.menu)
         return self.rng.choices(kinds, [self.weights.get(k, 1) for k in kinds])[0]
 
-    async def run(self, until: float, gap: tuple[float, float] = (2.0, 6.0)) -> None:
-        """Inject one fault after another, ``gap`` seconds apart, until the time ``until``."""
+    async def run(
+        self, until: float, gap: tuple[float, float] = (2.0, 6.0), at_least: int = 0
+    ) -> None:
+        """Inject one fault after another, ``gap`` seconds apart, until the time ``until`` and
+        at least ``at_least`` of them (the same faults of a seed, however slow the machine)."""
         while True:
             await asyncio.sleep(self.rng.uniform(*gap))
-            if time.time() >= until:
+            if time.time() >= until and len(self.log) >= at_least:
                 return
             await self.inject(self.draw())
 

@@ -94,6 +94,7 @@ class Config:
     burst_every: float = 15.0
     settle: float = 90.0  # longest wait for the queue to have nothing pending or running
     only: tuple[str, ...] = ()  # draw only these kinds of fault (all when empty)
+    min_faults: int = 5  # faults go on past the duration until this many were injected
 
 
 def _with_port(url: str, port: int) -> str:
@@ -280,7 +281,9 @@ class Soak:
             asyncio.create_task(self._regressions(stop, self.t0 + config.duration / 4)),
             asyncio.create_task(self._scenario(self._claimed_first(stop, config.duration / 3))),
         ]
-        faults = asyncio.create_task(self.faults.run(until=end - min(10, config.duration / 6)))
+        faults = asyncio.create_task(
+            self.faults.run(until=end - min(10, config.duration / 6), at_least=config.min_faults)
+        )
         try:
             await asyncio.sleep(max(0.0, end - time.time()))
             await faults

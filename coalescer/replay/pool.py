@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
 
-from coalescer.bisection import Bisection, stand_ins
+from coalescer.bisection import Bisection, contradicted, stand_ins
 from coalescer.policy.rules import PrimaryFailure
 from coalescer.replay.history import Durations, History, TaskSpec
 
@@ -240,6 +240,8 @@ class Pool:
         #: Secondaries released after their primary failed, whose run will be an extra one.
         self.after_failure: set[int] = set()
         self.searches: dict[int, _Searching] = {}
+        #: each key's tasks (a task's first key), built at the first search's end
+        self._by_key: defaultdict[str, list[int]] | None = None
 
     async def run(self) -> Outcome:
         for i, t in enumerate(self.tasks):
@@ -650,6 +652,28 @@ class Pool:
             found.search.record(index, not self._fails(j, now))
         self._probe(now, found)
 
+    def _unsure(self, pushes: list[int], culprit: int, good: int | None) -> bool:
+        """Whether a task of the key outside the search, between the last good push and the
+        culprit, did not pass (as the shim learns from ``GET /v1/bisections/gap``)."""
+        tasks = self.tasks
+        key = tasks[pushes[culprit]].keys[0]
+        if self._by_key is None:
+            self._by_key = defaultdict(list)
+            for i, t in enumerate(tasks):
+                if t.keys:
+                    self._by_key[t.keys[0]].append(i)
+        ours = set(pushes)
+        outside = {
+            tasks[i].task_id: (
+                tasks[i].order,
+                "completed" if self.out.state[i] == State.COMPLETED else "other",
+            )
+            for i in self._by_key[key]
+            if i not in ours
+        }
+        low = None if good is None else tasks[pushes[good]].order
+        return bool(contradicted(low, tasks[pushes[culprit]].order, outside))
+
     def _settle(self, now: int, found: _Searching, keep: set[int]) -> None:
         """Resolve with its own result every push that ran and is not in ``keep``."""
         for k, passed in found.search.verdicts.items():
@@ -678,6 +702,8 @@ class Pool:
         del self.searches[primary]
         self._free(self.tasks[primary].task_queue)
         culprit, good = search.culprit, search.last_good
+        if culprit is not None and self._unsure(pushes, culprit, good):
+            culprit = None  # inconclusive: the shim asks the index what lies between
         self.out.searches.append(
             Search(
                 primary=primary,

@@ -362,9 +362,10 @@ class Shim:
         fate = secondary_fate(outcome, self.options.on_primary_failure)
         return fate == "bisect" and any(not c.done for c in taskset.secondaries)
 
-    def _findings_at(self, taskset: TaskSet) -> tuple[str, str] | None:
+    def _findings_at(self, taskset: TaskSet, *, allowed: bool = True) -> tuple[str, str] | None:
         """The key and the service's ``/v1/bisections`` URL the task's ``supersederUrl`` names,
-        when it is under an allowed prefix; else None."""
+        when it is under an allowed prefix (or, with ``allowed`` false, whatever its path: on
+        the origin of the superseder the shim asked, with no token); else None."""
         task = taskset.initial.task
         routes, prefix = list(task.get("routes") or []), self.options.route_prefix
         url = superseder_url(task)
@@ -373,7 +374,7 @@ class Shim:
         if key is None or target is None:
             return None
         target = canonical_url(target)
-        return (key, target) if url_allowed(target, self.options.allow) else None
+        return (key, target) if not allowed or url_allowed(target, self.options.allow) else None
 
     async def _gap(
         self, taskset: TaskSet, after: str | None, before: str
@@ -382,7 +383,7 @@ class Shim:
         (``GET /v1/bisections/gap``, no token needed): ``{taskId: (order, state)}``, None when
         it cannot say."""
         try:
-            at = self._findings_at(taskset)
+            at = self._findings_at(taskset, allowed=False)
             if at is None:
                 return None
             params = {"key": at[0], "before": before, **({"after": after} if after else {})}

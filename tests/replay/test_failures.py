@@ -201,6 +201,22 @@ def test_bisect_without_confirmation_takes_three_runs_for_eight_pushes() -> None
     assert fates(h, out)["p7"] == ("superseded", 50, "p5")
 
 
+def test_a_worker_names_no_culprit_over_a_push_another_worker_ran() -> None:
+    # p5, where the breakage began, runs on another pool's worker (and fails there): the
+    # worker's search over what it held finds p6 the first failing after p4 passed. As the
+    # shim does (GET /v1/bisections/gap), it learns p5 did not pass: inconclusive, no culprit.
+    elsewhere = dataclasses.replace(PUSHES[5], task_queue="q2")
+    h = history(
+        *(dataclasses.replace(t, broken=t.order >= 5) for t in [*PUSHES[:5], elsewhere]),
+        *(dataclasses.replace(t, broken=True) for t in PUSHES[6:]),
+    )
+    out, s = run(h, on_claim("bisect"))
+    [search] = out.searches
+    assert (h.tasks[search.last_good].task_id, search.culprit) == ("p4", -1)
+    assert (s.wrong_culprits, s.located) == (0, 1)  # p5 failed, p4 passed: located by results
+    assert fates(h, out)["p5"][0] == "failed"
+
+
 def test_a_culprit_where_no_regression_began_is_counted_wrong() -> None:
     # Nothing is broken, but p8 was recorded failed (it fails every run): the search confirms
     # it, p4, p6 and p7 pass, and it names p8 with p7 the last good.

@@ -7,7 +7,9 @@ primary of its own, under its own claim; a confirmation runs ``execute`` again u
 claim (``claim.attempt`` says which attempt it is) before its result is reported. A run that
 can no longer stand for others is resolved with its own result at once, so at most the last
 good task and the culprit are held to the end; then every victim that did not run is
-superseded by the run that stands for it, and those get ``public/supersedes.json``.
+superseded by the run that stands for it, and those get ``public/supersedes.json``. A culprit is
+named only if every task of the key between the last good task and it that the search did not
+hold passed, as the service's index says (``GET /v1/bisections/gap``): else it is a suspect.
 
 A victim whose deadline would come before the search is over is released (``worker-shutdown``)
 to run itself (the margin is twice the longest run so far). A victim whose claim is lost, or

@@ -452,7 +452,12 @@ class Searcher:
                 return "out" if state in ("failed", "exception") else "wait"
             if state in ("pending", "running"):
                 # Under way by itself (it may hold others, as any primary): its end schedules
-                # the push, or a decision supersedes it and it is run again then.
+                # the push, or a decision supersedes it and it is run again then. Pending
+                # behind the backlog, it is raised: the search waits for it.
+                if state == "pending" and record is not None:
+                    if (dep, record.run_id) not in self.raised:
+                        self.raised.add((dep, record.run_id))
+                        await self._raise(primary, dep)
                 return "wait"
             if state == "failed" or not await self._ended_by_decision(dkey, dep, primary):
                 return "out"  # broken, or ended by a person or the queue: nothing to learn

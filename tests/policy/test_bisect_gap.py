@@ -199,3 +199,48 @@ async def test_without_a_rank_tag_a_test_never_scheduled_leaves_the_culprit_unsu
     # Push 1 never ran: its build was not run again for a search that could not place it.
     assert loop.status(t1)["state"] == "unscheduled"
     assert [r["state"] for r in loop.status(b1)["runs"]] == ["exception"]
+
+
+async def test_a_build_the_gap_waits_for_pending_behind_the_backlog_jumps_the_queue(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    """Builds under no rule: push 1's is still pending (the backlog), so its test was never
+    scheduled. The search waits for that build, never takes it, but raises it: it is the next
+    build its queue runs."""
+    loop = Loop(
+        queue_emulator,
+        store,
+        policy(
+            """
+rules:
+  - keys: "test"
+    strategy: latest-wins
+    on-primary-failure: bisect
+    bisect-confirm: 0
+"""
+        ),
+        rank_tag="push",
+    )
+    b0, t0 = push(loop, 0)
+    loop.resolve(loop.claim(b0), "completed")
+    loop.em.wait_for_message("task-pending", t0)
+    loop.resolve(loop.claim(t0), "completed")
+    b1, t1 = push(loop, 1)
+    b2, t2 = push(loop, 2)
+    loop.resolve(loop.claim(b2), "completed")
+    loop.em.wait_for_message("task-pending", t2)
+    await loop.feed()
+    await enforce(loop, "e1")
+    loop.resolve(loop.claim(t2), "failed")
+    await enforce(loop, "e1")
+    assert loop.last_run(b1)["state"] == "pending" and loop.status(t1)["state"] == "unscheduled"
+    assert priority(loop, b1) == "highest"
+    loop.resolve(loop.claim(b1), "completed")
+    loop.em.wait_for_message("task-pending", t1)
+    await enforce(loop, "e1")
+    assert priority(loop, t1) == "highest"
+    loop.resolve(loop.claim(t1), "failed")
+    await enforce(loop, "e1")
+    [finding] = await bisections.for_task(loop.store, ["test"], t2)
+    assert finding["culprit"] == {"taskId": t1, "runId": 0}
+    assert finding["lastGood"] == {"taskId": t0, "runId": 0}

@@ -95,7 +95,7 @@ class DemoProcess:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 async def test_the_demo_shows_superseding_and_stops_by_itself(tmp_path: Path) -> None:
     demo = await DemoProcess(tmp_path, "--duration", "25", "--interval", "0.5").start()
     try:
@@ -130,7 +130,7 @@ async def rebuilt_without_banner(service: str, within: float = 20) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 async def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
     demo = await DemoProcess(tmp_path, "--duration", "600", "--workers", "1").start()
     try:

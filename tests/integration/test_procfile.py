@@ -50,7 +50,7 @@ async def eventually(check: Callable[[], Awaitable[Any]], *, within: float, what
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 async def test_the_procfile_serves_and_consumes_and_stops_cleanly(
     redis_client: Any,
     redis_url: str,

@@ -26,7 +26,7 @@ def replay(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "coalescer.cli", "replay", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,
     )
 
 

@@ -338,7 +338,7 @@ def replay_cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "coalescer.cli", "replay", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,
     )
 
 

@@ -347,6 +347,8 @@ class Soak:
 
                 await self._until_async(decided, 30, "the superseding on lw.claimed decided")
                 claim = await self._claim_manual(queue)
+                if claim is None or claim["status"]["taskId"] != older:
+                    raise RuntimeError(f"the older task on lw.claimed was not claimed: {claim}")
             finally:
                 for pid in enforcers:
                     with contextlib.suppress(ProcessLookupError):
@@ -359,14 +361,27 @@ class Soak:
 
             await self._until_async(acted, 30, "the enforcers to act on the claimed victim")
             await self._report_completed(queue, claim)
-            await self._report_completed(queue, await self._claim_manual(queue))
+
+            async def resolved() -> bool:  # the newer one (and a retry of either, its claim
+                # expired meanwhile) run as a worker would run them
+                states = [(await queue.status(t))["status"]["state"] for t in (older, newer)]
+                if all(s in ("completed", "failed", "exception") for s in states):
+                    return True
+                if (claim := await self._claim_manual(queue)) is not None:
+                    await self._report_completed(queue, claim)
+                return False
+
+            await self._until_async(resolved, 60, "the tasks on lw.claimed resolved")
         self.notes.append(f"{older} was claimed before its superseding was carried out")
 
-    async def _claim_manual(self, queue: Any) -> dict[str, Any]:
-        """Claim the oldest task of the manual queue as a worker; its command's mark says so."""
+    async def _claim_manual(self, queue: Any) -> dict[str, Any] | None:
+        """Claim the oldest task of the manual queue as a worker (None: none is pending); its
+        command's mark says so."""
         got = await queue.claimWork(
             MANUAL_QUEUE, {"workerGroup": "soak", "workerId": "soak-manual", "tasks": 1}
         )
+        if not got["tasks"]:
+            return None
         [claim] = got["tasks"]
         task_id, run_id = claim["status"]["taskId"], claim["runId"]
         (self.scenario.marks / "ran" / f"{task_id}.{run_id}").touch()

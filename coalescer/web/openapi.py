@@ -73,6 +73,16 @@ _COMPAT_KEY_PARAM = _param(
     {"type": "string", "pattern": model.KEY_RE.pattern, "maxLength": model.MAX_KEY_LENGTH},
     "Coalescing key (dotted; no path is reserved here)",
 )
+#: The coalescing key a ``/v1/bisections`` route reads, as a query parameter.
+_KEY_QUERY = {
+    **_param(
+        "key",
+        "query",
+        {"type": "string", "pattern": model.KEY_RE.pattern, "maxLength": model.MAX_KEY_LENGTH},
+        "Coalescing key (dotted)",
+    ),
+    "required": True,
+}
 _TASK_PARAM = _param("taskId", "path", {"type": "string", "pattern": _SLUGID}, "a slugid")
 _DOCKER_WORKER = (
     "For an unmodified docker-worker as ``supersederUrl``: the tasks it should supersede, "
@@ -245,19 +255,7 @@ def document() -> dict[str, Any]:
                         **_errors(400, 503),
                     },
                     parameters=[
-                        {
-                            **_param(
-                                "key",
-                                "query",
-                                {
-                                    "type": "string",
-                                    "pattern": model.KEY_RE.pattern,
-                                    "maxLength": model.MAX_KEY_LENGTH,
-                                },
-                                "Coalescing key (dotted)",
-                            ),
-                            "required": True,
-                        },
+                        _KEY_QUERY,
                         _param(
                             "limit",
                             "query",
@@ -311,49 +309,11 @@ def document() -> dict[str, Any]:
                     "first, each with its latest run's state: what a worker's bisection, which "
                     "ran only the tasks it held, asks before it names a culprit",
                     {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["key", "tasks"],
-                                "properties": {
-                                    "key": {"type": "string"},
-                                    "tasks": {
-                                        "type": "array",
-                                        "items": {
-                                            "type": "object",
-                                            "required": ["taskId", "runId", "order", "state"],
-                                            "properties": {
-                                                "taskId": {"type": "string"},
-                                                "runId": {"type": "integer", "minimum": 0},
-                                                "order": shapes.ORDER,
-                                                "state": {
-                                                    "type": "string",
-                                                    "description": "the latest run's state, "
-                                                    "as the queue names it",
-                                                },
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                            "The tasks between",
-                        ),
+                        "200": _json(_ref("BisectionGap"), "The tasks between"),
                         **_errors(400, 404, 503),
                     },
                     parameters=[
-                        {
-                            **_param(
-                                "key",
-                                "query",
-                                {
-                                    "type": "string",
-                                    "pattern": model.KEY_RE.pattern,
-                                    "maxLength": model.MAX_KEY_LENGTH,
-                                },
-                                "Coalescing key (dotted)",
-                            ),
-                            "required": True,
-                        },
+                        _KEY_QUERY,
                         {
                             **_param(
                                 "before",

@@ -86,6 +86,29 @@ def components(slugid: str) -> dict[str, Any]:
             "required": ["supersedes"],
             "properties": {"supersedes": ids},
         },
+        "BisectionGap": {
+            "type": "object",
+            "required": ["key", "tasks"],
+            "properties": {
+                "key": {"type": "string"},
+                "tasks": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["taskId", "runId", "order", "state"],
+                        "properties": {
+                            "taskId": {"type": "string"},
+                            "runId": {"type": "integer", "minimum": 0},
+                            "order": ORDER,
+                            "state": {
+                                "type": "string",
+                                "description": "the latest run's state, as the queue names it",
+                            },
+                        },
+                    },
+                },
+            },
+        },
         "KeyListing": {
             "type": "object",
             "required": ["key", "pending"],

@@ -84,13 +84,19 @@ def push(loop: Loop, n: int) -> tuple[str, str]:
     return build, test
 
 
+def passed(loop: Loop, n: int) -> tuple[str, str]:
+    """Push ``n``, its build completed and then its test (scheduled by the queue)."""
+    build, test = push(loop, n)
+    loop.resolve(loop.claim(build), "completed")
+    loop.em.wait_for_message("task-pending", test)  # the queue's dependency resolver
+    loop.resolve(loop.claim(test), "completed")
+    return build, test
+
+
 async def three_pushes(loop: Loop) -> tuple[tuple[str, str], ...]:
     """Push 0 builds and its test passes; push 2's build holds push 1's for it, completes, and
     push 1's build is superseded by it (its test never runs); push 2's test is pending."""
-    b0, t0 = push(loop, 0)
-    loop.resolve(loop.claim(b0), "completed")
-    loop.em.wait_for_message("task-pending", t0)  # the queue's dependency resolver
-    loop.resolve(loop.claim(t0), "completed")
+    b0, t0 = passed(loop, 0)
     b1, t1 = push(loop, 1)
     b2, t2 = push(loop, 2)
     await loop.feed()
@@ -165,10 +171,7 @@ async def test_without_a_rank_tag_a_test_never_scheduled_leaves_the_culprit_unsu
     # Ordered by their first run's scheduled time, a test that never ran has no place in its
     # key: the search cannot run it, and names no culprit over it.
     loop = Loop(queue_emulator, store, gap_policy(cascade="leave"))
-    b0, t0 = push(loop, 0)
-    loop.resolve(loop.claim(b0), "completed")
-    loop.em.wait_for_message("task-pending", t0)
-    loop.resolve(loop.claim(t0), "completed")
+    passed(loop, 0)
     b1, t1 = push(loop, 1)
     b2, t2 = push(loop, 2)
     await loop.feed()
@@ -221,10 +224,7 @@ rules:
         ),
         rank_tag="push",
     )
-    b0, t0 = push(loop, 0)
-    loop.resolve(loop.claim(b0), "completed")
-    loop.em.wait_for_message("task-pending", t0)
-    loop.resolve(loop.claim(t0), "completed")
+    _, t0 = passed(loop, 0)
     b1, t1 = push(loop, 1)
     b2, t2 = push(loop, 2)
     loop.resolve(loop.claim(b2), "completed")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import os
 import random
 import re
@@ -97,6 +98,10 @@ class Config:
     min_faults: int = 5  # faults go on past the duration until this many were injected
 
 
+async def _value(result: bool | Awaitable[bool]) -> bool:
+    return await result if inspect.isawaitable(result) else result
+
+
 def _with_port(url: str, port: int) -> str:
     parts = urlsplit(url)
     auth = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
@@ -180,7 +185,7 @@ class Soak:
         listen_env = [env(PULSE_URL=_with_port(self.config.amqp_url, p.port)) for p in self.proxies]
         cast.start("listen-1", ["listen", "--declare-exchanges"], listen_env[0])
         await self._until(
-            lambda: "consuming queue/" in cast.output("listen-1", 100_000), 30, "listen"
+            lambda: "consuming queue/" in cast.output("listen-1", 100_000), 30, "listen to start"
         )
         cast.start("listen-2", ["listen", "--declare-exchanges"], listen_env[1])
         cast.start("serve", ["serve", "--workers", "2", "--port", str(self.web_port)], env())
@@ -216,13 +221,17 @@ class Soak:
                 env(),
             )
 
-    async def _until(self, check: Any, within: float, what: str) -> None:
+    async def _until(
+        self, check: Callable[[], bool | Awaitable[bool]], within: float, what: str
+    ) -> None:
+        """Poll ``check`` (plain or async) until it holds; fail when a process exited on its
+        own or after ``within`` seconds."""
         give_up = time.monotonic() + within
-        while not check():
+        while not await _value(check()):
             if dead := self.cast.dead():
                 raise RuntimeError(f"{dead} exited:\n{self.cast.output(dead[0])}")
             if time.monotonic() > give_up:
-                raise RuntimeError(f"{what} did not start within {within:.0f} s")
+                raise RuntimeError(f"waited {within:.0f} s in vain for {what}")
             await asyncio.sleep(0.1)
 
     async def _until_http(self, http: httpx.AsyncClient, url: str) -> None:
@@ -345,7 +354,7 @@ class Soak:
                         return r.status_code == 200 and str(newer) in r.text
                     return False
 
-                await self._until_async(decided, 30, "the superseding on lw.claimed decided")
+                await self._until(decided, 30, "the superseding on lw.claimed to be decided")
                 claim = await self._claim_manual(queue)
                 if claim is None or claim["status"]["taskId"] != older:
                     raise RuntimeError(f"the older task on lw.claimed was not claimed: {claim}")
@@ -359,7 +368,7 @@ class Soak:
                 state = (await queue.status(older))["status"]["state"]
                 return f"{older} missed" in said or state != "running"
 
-            await self._until_async(acted, 30, "the enforcers to act on the claimed victim")
+            await self._until(acted, 30, "the enforcers to act on the claimed victim")
             await self._report_completed(queue, claim)
 
             async def resolved() -> bool:  # the newer one (and a retry of either, its claim
@@ -371,7 +380,7 @@ class Soak:
                     await self._report_completed(queue, claim)
                 return False
 
-            await self._until_async(resolved, 60, "the tasks on lw.claimed resolved")
+            await self._until(resolved, 60, "the tasks on lw.claimed to resolve")
         self.notes.append(f"{older} was claimed before its superseding was carried out")
 
     async def _claim_manual(self, queue: Any) -> dict[str, Any] | None:
@@ -395,15 +404,6 @@ class Soak:
             {"rootUrl": self.root, "credentials": claim["credentials"]}, session=None
         )
         await worker.reportCompleted(task_id, str(run_id))
-
-    async def _until_async(
-        self, check: Callable[[], Awaitable[bool]], within: float, what: str
-    ) -> None:
-        give_up = time.monotonic() + within
-        while not await check():
-            if time.monotonic() > give_up:
-                raise RuntimeError(f"{what}: not within {within:.0f} s")
-            await asyncio.sleep(0.1)
 
     async def _sample(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -10,14 +10,12 @@ import contextlib
 import importlib
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from coalescer import __version__
+from coalescer import __version__, scratch
 from coalescer.errors import CoalescerError, ConfigError
 from coalescer.settings import Settings, workers
 
@@ -132,19 +130,19 @@ def _end_with_serve(serve_pid: int) -> None:
 @contextlib.contextmanager
 def _metrics_dir(settings: Settings) -> Iterator[None]:
     """A private ``PROMETHEUS_MULTIPROC_DIR`` for the worker processes, so that ``/metrics``
-    adds up every process's counters; removed at the end. One already set is used as is (a
-    process manager's, shared by several ``serve``): it is not emptied. (The worker processes
-    read it through their :class:`Settings`, prometheus-client from their environment.)"""
+        adds up every process's counters; removed at the end (or by the next ``serve`` if this one
+    is killed). One already set is used as is (a
+        process manager's, shared by several ``serve``): it is not emptied. (The worker processes
+        read it through their :class:`Settings`, prometheus-client from their environment.)"""
     if settings.prometheus_multiproc_dir:
         yield
         return
-    path = tempfile.mkdtemp(prefix="coalescer-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
-    try:
-        yield
-    finally:
-        del os.environ["PROMETHEUS_MULTIPROC_DIR"]
-        shutil.rmtree(path, ignore_errors=True)
+    with scratch.directory("coalescer-metrics-") as path:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import os
 import signal
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 from taskcluster.exceptions import TaskclusterFailure
 
+from coalescer import scratch
 from coalescer.backoff import Backoff
 from coalescer.errors import InvalidInput
 from coalescer.worker.claims import Claim
@@ -250,7 +250,8 @@ class Worker:
         supersedes: Sequence[Superseded],
         tlog: TaskLog,
     ) -> Outcome:
-        with tempfile.TemporaryDirectory(prefix="coalescer-task-") as workdir:
+        with scratch.directory("coalescer-task-") as path:
+            workdir = str(path)
             view = os.path.join(workdir, ".supersedes.json")
             data = supersedes_view([(s.task_id, s.run_id, s.task) for s in supersedes])
             await asyncio.to_thread(Path(view).write_bytes, data)

@@ -221,17 +221,26 @@ def test_workers_share_the_port_and_metrics_add_up_over_every_process(
     assert not metrics_dir.exists()
 
 
-def test_workers_stop_when_serve_is_killed_outright(
+def test_workers_stop_when_serve_is_killed_outright_and_the_next_serve_tidies_up(
     serving: list[Serving], tmp_path: Path, redis_client: Any, redis_url: str
 ) -> None:
-    serving.append(s := Serving(tmp_path / "serve.log", "--workers", "2", REDIS_URL=redis_url))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"REDIS_URL": redis_url, "TMPDIR": str(scratch)}
+    serving.append(s := Serving(tmp_path / "serve.log", "--workers", "2", **env))
     workers = s.workers()
     assert len(workers) == 2
+    (left,) = scratch.glob("coalescer-metrics-*")
     s.stop(signal.SIGKILL)
     deadline = time.monotonic() + 20
     while alive := [pid for pid in workers if Path(f"/proc/{pid}").exists() and not zombie(pid)]:
         assert time.monotonic() < deadline, f"workers {alive} outlived serve"
         time.sleep(0.1)
+    assert left.is_dir()  # nothing could remove it: its owner was killed outright
+    serving.append(again := Serving(tmp_path / "again.log", "--workers", "2", **env))
+    assert not left.exists()
+    (now,) = scratch.iterdir()
+    assert now.name.startswith(f"coalescer-metrics-{again.proc.pid}@")
 
 
 def zombie(pid: int) -> bool:

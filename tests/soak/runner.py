@@ -25,6 +25,7 @@ import taskcluster.aio
 
 from coalescer.ingest.topology import dead_letter_names
 from coalescer.store import open_store
+from coalescer.store import policy as outbox
 from tests.ports import free_port
 from tests.soak import checker, report
 from tests.soak.cast import Cast
@@ -475,17 +476,34 @@ class Soak:
             await channel.close()
 
     async def _settle(self, queue: checker.Queue) -> None:
+        """Until no task is pending or running and the enforcers have nothing left to do: no
+        decision to carry out, no bisection under way (between a confirmation's end and its
+        rerun, the queue has nothing pending or running for a moment)."""
         give_up = time.monotonic() + self.config.settle
-        left = -1
-        while time.monotonic() < give_up:
-            left = await checker.unsettled(queue, self.pusher.tasks)
-            if left == 0:
-                break
-            await asyncio.sleep(1.0)
+        left, busy = -1, []
+        store = await open_store(self.store.url, grace_seconds=3600, query_timeout=30)
+        try:
+            names = sorted({p.key for p in self.pusher.tasks.values()})
+            while time.monotonic() < give_up:
+                left = await checker.unsettled(queue, self.pusher.tasks)
+                if left == 0:
+                    work = await outbox.outstanding(store, names)
+                    busy = [
+                        key for key, (entries, under_way) in work.items() if entries or under_way
+                    ]
+                    if not busy:
+                        break
+                await asyncio.sleep(1.0)
+        finally:
+            await store.close()
         self.findings.counts["settle seconds"] = round(time.time() - self.ended, 1)
         if left:
             self.notes.append(
                 f"{left} tasks still pending or running after {self.config.settle:.0f} s"
+            )
+        elif busy:
+            self.notes.append(
+                f"the enforcers still had work on {', '.join(busy)} after {self.config.settle:.0f} s"
             )
         await self._drain_pulse_queue()
 

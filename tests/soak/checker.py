@@ -72,10 +72,17 @@ class Queue:
         return list(r.json()["messages"])
 
 
-async def unsettled(queue: Queue, tasks: Iterable[str]) -> int:
-    """How many of ``tasks`` have a pending or running run."""
+async def unsettled(queue: Queue, tasks: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The statuses of those of ``tasks`` that have a pending or running run."""
     found = await queue.statuses(tasks)
-    return sum(1 for s in found.values() if s["state"] in ("pending", "running"))
+    return {t: s for t, s in found.items() if s["state"] in ("pending", "running")}
+
+
+def holder(status: Mapping[str, Any]) -> str:
+    """Who holds a task's latest run, as the queue says: ``run N running on group/id``."""
+    run = (status.get("runs") or [{}])[-1]
+    where = f" on {run['workerGroup']}/{run['workerId']}" if run.get("workerId") else ""
+    return f"run {run.get('runId')} {run.get('state')}{where}"
 
 
 @dataclasses.dataclass

@@ -480,13 +480,14 @@ class Soak:
         decision to carry out, no bisection under way (between a confirmation's end and its
         rerun, the queue has nothing pending or running for a moment)."""
         give_up = time.monotonic() + self.config.settle
-        left, busy = -1, []
+        left: dict[str, dict[str, Any]] = {}
+        busy: list[str] = []
         store = await open_store(self.store.url, grace_seconds=3600, query_timeout=30)
         try:
             names = sorted({p.key for p in self.pusher.tasks.values()})
             while time.monotonic() < give_up:
                 left = await checker.unsettled(queue, self.pusher.tasks)
-                if left == 0:
+                if not left:
                     work = await outbox.outstanding(store, names)
                     busy = [
                         key for key, (entries, under_way) in work.items() if entries or under_way
@@ -499,13 +500,28 @@ class Soak:
         self.findings.counts["settle seconds"] = round(time.time() - self.ended, 1)
         if left:
             self.notes.append(
-                f"{left} tasks still pending or running after {self.config.settle:.0f} s"
+                f"{len(left)} tasks still pending or running after {self.config.settle:.0f} s"
             )
+            await self._describe(left)
         elif busy:
             self.notes.append(
                 f"the enforcers still had work on {', '.join(busy)} after {self.config.settle:.0f} s"
             )
         await self._drain_pulse_queue()
+
+    async def _describe(self, left: dict[str, dict[str, Any]]) -> None:
+        """Say who holds each task left unsettled (the queue's claim) and what the service
+        recorded of it (its lineage: held for which primary, probing for which search)."""
+        async with httpx.AsyncClient(timeout=10) as http:
+            for task_id, status in sorted(left.items())[:10]:
+                lineage = ""
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await http.get(f"{self.service}/v1/tasks/{task_id}")
+                    lineage = r.text[:800] if r.status_code == 200 else f"HTTP {r.status_code}"
+                key = self.pusher.tasks[task_id].key
+                self.notes.append(
+                    f"unsettled: {task_id} ({key}) {checker.holder(status)}; lineage: {lineage}"
+                )
 
     async def _drain_pulse_queue(self) -> None:
         """Until every published message is applied and acknowledged: the queue holds none

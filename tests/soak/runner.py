@@ -341,48 +341,57 @@ class Soak:
         key = "lw.claimed"
         queue = taskcluster.aio.Queue({"rootUrl": self.root}, session=None)
         enforcers = [self.cast.pid(name) for name in ("enforce-1", "enforce-2")]
+        pushed: list[str] = []
+
+        async def resolved() -> bool:  # what it pushed (and a retry, its claim expired
+            # meanwhile) runs as a worker would run it, whether the scenario was played or not
+            states = [(await queue.status(t))["status"]["state"] for t in pushed]
+            if all(s in ("completed", "failed", "exception") for s in states):
+                return True
+            if (claim := await self._claim_manual(queue)) is not None:
+                await self._report_completed(queue, claim)
+            return False
+
         async with httpx.AsyncClient(timeout=10) as http:
             try:
-                for pid in enforcers:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGSTOP)
-                older = await self.pusher.create(http, key, MANUAL_QUEUE)
-                newer = await self.pusher.create(http, key, MANUAL_QUEUE)
+                try:
+                    for pid in enforcers:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGSTOP)
+                    for _ in range(2):
+                        created = await self.pusher.create(http, key, MANUAL_QUEUE)
+                        if created is None:
+                            raise RuntimeError("a task on lw.claimed could not be created")
+                        pushed.append(created)
+                    older, newer = pushed
 
-                async def decided() -> bool:  # the older one's lineage names the newer
-                    with contextlib.suppress(httpx.HTTPError):
-                        r = await http.get(f"{self.service}/v1/tasks/{older}")
-                        return r.status_code == 200 and str(newer) in r.text
-                    return False
+                    async def decided() -> bool:  # the older one's lineage names the newer
+                        with contextlib.suppress(httpx.HTTPError):
+                            r = await http.get(f"{self.service}/v1/tasks/{older}")
+                            return r.status_code == 200 and str(newer) in r.text
+                        return False
 
-                await self._until(decided, 30, "the superseding on lw.claimed to be decided")
-                claim = await self._claim_manual(queue)
-                if claim is None or claim["status"]["taskId"] != older:
-                    raise RuntimeError(f"the older task on lw.claimed was not claimed: {claim}")
+                    # a loaded machine, a master failing over: the decision may take a while
+                    await self._until(decided, 90, "the superseding on lw.claimed to be decided")
+                    claim = await self._claim_manual(queue)
+                    if claim is None or claim["status"]["taskId"] != older:
+                        raise RuntimeError(f"the older task on lw.claimed was not claimed: {claim}")
+                finally:
+                    for pid in enforcers:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGCONT)
+
+                async def acted() -> bool:
+                    said = "".join(self.cast.output(n, 10**7) for n in ("enforce-1", "enforce-2"))
+                    state = (await queue.status(older))["status"]["state"]
+                    return f"{older} missed" in said or state != "running"
+
+                await self._until(acted, 30, "the enforcers to act on the claimed victim")
+                await self._report_completed(queue, claim)
+                self.notes.append(f"{older} was claimed before its superseding was carried out")
             finally:
-                for pid in enforcers:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGCONT)
-
-            async def acted() -> bool:
-                said = "".join(self.cast.output(n, 10**7) for n in ("enforce-1", "enforce-2"))
-                state = (await queue.status(older))["status"]["state"]
-                return f"{older} missed" in said or state != "running"
-
-            await self._until(acted, 30, "the enforcers to act on the claimed victim")
-            await self._report_completed(queue, claim)
-
-            async def resolved() -> bool:  # the newer one (and a retry of either, its claim
-                # expired meanwhile) run as a worker would run them
-                states = [(await queue.status(t))["status"]["state"] for t in (older, newer)]
-                if all(s in ("completed", "failed", "exception") for s in states):
-                    return True
-                if (claim := await self._claim_manual(queue)) is not None:
-                    await self._report_completed(queue, claim)
-                return False
-
-            await self._until(resolved, 60, "the tasks on lw.claimed to resolve")
-        self.notes.append(f"{older} was claimed before its superseding was carried out")
+                if pushed:
+                    await self._until(resolved, 60, "the tasks on lw.claimed to resolve")
 
     async def _claim_manual(self, queue: Any) -> dict[str, Any] | None:
         """Claim the oldest task of the manual queue as a worker (None: none is pending); its

@@ -135,18 +135,12 @@ def floor_ms(history: History, out: Outcome, regression: metrics.Regression) -> 
     return rounds * round_ms
 
 
-_SHORTEST: dict[int, dict[str, int]] = {}
-
-
 def _shortest(tasks: Sequence[TaskSpec]) -> dict[str, int]:
     """Each key's shortest recorded run (for a task that never ran)."""
-    found = _SHORTEST.get(id(tasks))
-    if found is None:
-        found = {}
-        for t in tasks:
-            if t.keys and t.duration_ms is not None:
-                found[t.keys[0]] = min(found.get(t.keys[0], t.duration_ms), t.duration_ms)
-        _SHORTEST[id(tasks)] = found
+    found: dict[str, int] = {}
+    for t in tasks:
+        if t.keys and t.duration_ms is not None:
+            found[t.keys[0]] = min(found.get(t.keys[0], t.duration_ms), t.duration_ms)
     return found
 
 

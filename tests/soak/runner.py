@@ -223,17 +223,21 @@ class Soak:
             )
 
     async def _until(
-        self, check: Callable[[], bool | Awaitable[bool]], within: float, what: str
+        self,
+        check: Callable[[], bool | Awaitable[bool]],
+        within: float,
+        what: str,
+        every: float = 0.1,
     ) -> None:
-        """Poll ``check`` (plain or async) until it holds; fail when a process exited on its
-        own or after ``within`` seconds."""
+        """Poll ``check`` (plain or async) every ``every`` seconds until it holds; fail when a
+        process exited on its own or after ``within`` seconds."""
         give_up = time.monotonic() + within
         while not await _value(check()):
             if dead := self.cast.dead():
                 raise RuntimeError(f"{dead} exited:\n{self.cast.output(dead[0])}")
             if time.monotonic() > give_up:
                 raise RuntimeError(f"waited {within:.0f} s in vain for {what}")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(every)
 
     async def _until_http(self, http: httpx.AsyncClient, url: str) -> None:
         async def answers() -> bool:
@@ -242,13 +246,7 @@ class Soak:
             except httpx.HTTPError:
                 return False
 
-        give_up = time.monotonic() + 30
-        while not await answers():
-            if dead := self.cast.dead():
-                raise RuntimeError(f"{dead} exited:\n{self.cast.output(dead[0])}")
-            if time.monotonic() > give_up:
-                raise RuntimeError(f"{url} did not answer within 30 s")
-            await asyncio.sleep(0.1)
+        await self._until(answers, 30, f"{url} to answer")
 
     async def _soak(self) -> None:
         config = self.config
@@ -488,22 +486,24 @@ class Soak:
         """Until no task is pending or running and the enforcers have nothing left to do: no
         decision to carry out, no bisection under way (between a confirmation's end and its
         rerun, the queue has nothing pending or running for a moment)."""
-        give_up = time.monotonic() + self.config.settle
         left: dict[str, dict[str, Any]] = {}
         busy: list[str] = []
         store = await open_store(self.store.url, grace_seconds=3600, query_timeout=30)
-        try:
-            names = sorted({p.key for p in self.pusher.tasks.values()})
-            while time.monotonic() < give_up:
-                left = await checker.unsettled(queue, self.pusher.tasks)
-                if not left:
-                    work = await outbox.outstanding(store, names)
-                    busy = [
-                        key for key, (entries, under_way) in work.items() if entries or under_way
-                    ]
-                    if not busy:
-                        break
-                await asyncio.sleep(1.0)
+        names = sorted({p.key for p in self.pusher.tasks.values()})
+
+        async def settled() -> bool:
+            nonlocal left, busy
+            left = await checker.unsettled(queue, self.pusher.tasks)
+            if left:
+                return False
+            work = await outbox.outstanding(store, names)
+            busy = [key for key, (entries, under_way) in work.items() if entries or under_way]
+            return not busy
+
+        try:  # a status read of every task each time: once a second is enough
+            await self._until(settled, self.config.settle, "the soak to settle", every=1.0)
+        except RuntimeError as exc:  # the time ran out, or a process exited: said, then checked
+            self.notes.append(str(exc)[:1500])
         finally:
             await store.close()
         self.findings.counts["settle seconds"] = round(time.time() - self.ended, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -103,6 +104,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     global REDIS_URL
+    # No current event loop, set on purpose. pytest-asyncio before 1.5 (the lowest pass runs
+    # 1.0) saves the current loop around each async test with asyncio.get_event_loop(), which
+    # in a process where none was ever set makes one, then restores it as current: a loop
+    # nobody closes. The next asyncio.run() (a sync test's) unsets it, and the collector later
+    # reports its self-pipe as an unclosed socket in whichever test runs then (pytest-asyncio
+    # issue 724). Once a loop was set, even to none, get_event_loop() raises instead, which
+    # pytest-asyncio expects; tests/unit/test_event_loops.py fails without this.
+    asyncio.set_event_loop(None)
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest-xdist
     if not worker:
         return

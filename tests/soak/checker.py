@@ -462,12 +462,13 @@ def check_index(
     index: Mapping[str, Mapping[str, tuple[int, str]]],
     since: float,
     findings: Findings,
-) -> None:
+) -> list[str]:
     """Every event acknowledged was applied: per key, every task created after ``since`` (the
     last time the index was lost), or whose newest run was scheduled after it (a dependent
     scheduled later, a run retried: every event of that run came after), is in the index, at
     the queue's newest run and state. Counted per key against the queue, so that one lost
-    event in hundreds shows."""
+    event in hundreds shows. Returns the older tasks the index holds otherwise than the queue
+    (what a final ``reconcile`` fixes), each described."""
 
     def after(p: Pushed) -> bool:
         runs = statuses.get(p.task_id, {}).get("runs")
@@ -477,9 +478,26 @@ def check_index(
         return p.created > since or (scheduled is not None and _ms(scheduled) > since * 1000)
 
     checked = 0
+    older: list[str] = []
     for key in sorted({p.key for p in tasks.values()}):
         ours = [p for p in tasks.values() if p.key == key and after(p)]
         held = index.get(key, {})
+        for p in tasks.values():
+            got = held.get(p.task_id)
+            if (
+                p.key != key
+                or after(p)
+                or got is None
+                or not statuses.get(p.task_id, {}).get("runs")
+            ):
+                continue
+            last = statuses[p.task_id]["runs"][-1]
+            if got != (last["runId"], last["state"]):
+                older.append(
+                    f"{p.task_id} ({key}, created {p.created - since:+.0f} s from the last loss): "
+                    f"{got[1]} run {got[0]} (queue: {last['state']} run {last['runId']}, "
+                    f"scheduled {last.get('scheduled')}, resolved {last.get('resolved')})"
+                )
         missing, stale = [], []
         for p in ours:
             last = statuses[p.task_id]["runs"][-1]
@@ -500,6 +518,7 @@ def check_index(
                 f"missing {missing[:5]}, stale {stale[:5]}",
             )
     findings.counts["tasks checked against the index"] = checked
+    return older
 
 
 def _ms(stamp: str) -> float:

@@ -574,9 +574,14 @@ class Soak:
             checker.check_completed_ran(tasks, statuses, ran, findings)
             checker.check_culprits(tasks, await self._culprits(http), findings)
         lost = [f.end for f in self.faults.log if lost_index(f)]
-        checker.check_index(
+        older = checker.check_index(
             tasks, statuses, await self._index(), max(lost, default=0.0) + 1.0, findings
         )
+        if older:  # what the final reconcile will fix, if it finds anything to
+            self.notes.append(
+                f"{len(older)} tasks from before the index was last lost are held otherwise "
+                "than the queue has them: " + "; ".join(older[:10])
+            )
         self._check_reconcile(await self._coalescer("reconcile", "--no-progress"))
         dead = await self._dead_letters()
         checker.check_dead_letters(dead, self.faults.sent.bad_pulse, findings)

@@ -276,3 +276,7 @@ def test_a_run_scheduled_after_the_index_was_last_lost_is_checked_too() -> None:
     checker.check_index(tasks, statuses, {"k": {}}, 20.0, findings)
     assert findings.counts["tasks checked against the index"] == 2
     assert "missing ['dependent', 'retried']" in findings.violations[0].detail
+    # an older task held otherwise than the queue is no violation here, but is described
+    older = checker.check_index(tasks, statuses, {"k": {"old": (0, "pending")}}, 20.0, findings)
+    assert len(older) == 1 and older[0].startswith("old (k, created -8 s from the last loss)")
+    assert "pending run 0 (queue: completed run 0" in older[0]

@@ -468,6 +468,8 @@ class Soak:
             BUILD_QUEUE,
             "--task-queue-id",
             TEST_QUEUE,
+            "--task-queue-id",  # the claimed-first scenario's: its decision is rebuilt too
+            MANUAL_QUEUE,
         )
         return (out.strip().splitlines() or ["(no output)"])[-1][-300:]
 

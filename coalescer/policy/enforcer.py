@@ -31,7 +31,7 @@ from taskcluster.exceptions import TaskclusterFailure
 from coalescer.concurrency import all_ended
 from coalescer.errors import StoreUnavailable
 from coalescer.policy.actions import Actions, QueueActions, Result
-from coalescer.policy.bisecting import Searcher
+from coalescer.policy.bisecting import Searcher, searched
 from coalescer.policy.rules import Policy
 from coalescer.store import Store
 from coalescer.store import lineage as records
@@ -324,6 +324,11 @@ class Enforcer:
         current = await records.decision(self.store, key, victim)
         if current is None or current.state not in ("held", "bisecting"):
             return
+        if current.state == "bisecting":
+            under_way = await outbox.searches(self.store, key)
+            if not searched(under_way, victim):
+                await self._orphaned(current, under_way.get(current.by))
+                return
         result = await self.actions.renew(victim)
         await outbox.settle(
             self.store,
@@ -335,3 +340,33 @@ class Enforcer:
             rule=current.rule,
             due_ms=result.due_ms,
         )
+
+    async def _orphaned(self, current: records.Decision, record: str | None) -> None:
+        """``current`` is held for a bisection, but no search under way has it among its
+        victims (a search ended without moving it, in a step the store did not keep): none will
+        end its hold, and renewing it would keep its run from every worker for good. Released
+        (a new run, which a worker runs), once: the move applies only while it is still
+        ``bisecting``, and no search takes a victim that is. ``record``: the record of a
+        search after ``current.by``, if there is one, left as it is (the compare-and-set is
+        on it)."""
+        move = outbox.Move(
+            current.task_id,
+            "bisecting",
+            "settling",
+            "release",
+            reason="no bisection under way holds it: it runs itself",
+            emit=True,
+        )
+        if await outbox.search_step(
+            self.store,
+            current.key,
+            current.by,
+            expected=record or "",
+            record=record,
+            now_ms=self._now_ms(),
+            moves=[move],
+        ):
+            log.warning(
+                "%s was held for a bisection, but none under way holds it: released to run itself",
+                current.task_id,
+            )

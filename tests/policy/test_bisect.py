@@ -4,6 +4,7 @@ rest superseded by the run whose result stands for them."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -202,6 +203,30 @@ async def test_a_victim_whose_deadline_comes_first_is_released_to_run_itself(loo
     [finding] = await bisections.for_task(loop.store, ["k"], primary)
     assert finding["culprit"] == {"taskId": victims[5], "runId": 1}
     assert victims[0] not in {s["taskId"] for s in finding["standsFor"]}
+    assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
+
+
+async def test_a_victim_held_for_a_search_that_is_over_is_released_not_held_for_good(
+    loop: Loop, caplog: pytest.LogCaptureFixture
+) -> None:
+    victims, primary = await held_then_failed(loop, n=3)
+    await loop.feed()  # the failure starts the search over what the primary held
+    assert [await state(loop, t) for t in victims] == ["bisecting"] * 3
+    # The search's record goes, its victims' lineage stays (a step the store did not keep):
+    # renewing their claims would hold their runs from every worker for good.
+    [raw] = (await outbox.searches(loop.store, "k")).values()
+    done = await outbox.search_step(
+        loop.store, "k", primary, expected=raw, record=None, now_ms=loop.now_ms()
+    )
+    assert done
+    with caplog.at_level(logging.WARNING, "coalescer.policy"):
+        await enforce(loop, "e1")
+        await enforce(loop, "e1")  # once: nothing is released twice
+    for task_id in victims:
+        assert await state(loop, task_id) == "released"
+        assert runs_of(loop, task_id) == [("exception", "worker-shutdown"), ("pending", None)]
+    said = [r.getMessage() for r in caplog.records if "none under way holds it" in r.getMessage()]
+    assert sorted(line.split()[0] for line in said) == sorted(victims)
     assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
 
 

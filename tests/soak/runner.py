@@ -24,6 +24,7 @@ import httpx
 import taskcluster.aio
 
 from coalescer.ingest.topology import dead_letter_names
+from coalescer.policy.bisecting import searched
 from coalescer.store import open_store
 from coalescer.store import policy as outbox
 from tests.ports import free_port
@@ -521,18 +522,27 @@ class Soak:
         await self._drain_pulse_queue()
 
     async def _describe(self, left: dict[str, dict[str, Any]]) -> None:
-        """Say who holds each task left unsettled (the queue's claim) and what the service
-        recorded of it (its lineage: held for which primary, probing for which search)."""
-        async with httpx.AsyncClient(timeout=10) as http:
-            for task_id, status in sorted(left.items())[:10]:
-                lineage = ""
-                with contextlib.suppress(httpx.HTTPError):
-                    r = await http.get(f"{self.service}/v1/tasks/{task_id}")
-                    lineage = r.text[:800] if r.status_code == 200 else f"HTTP {r.status_code}"
-                key = self.pusher.tasks[task_id].key
-                self.notes.append(
-                    f"unsettled: {task_id} ({key}) {checker.holder(status)}; lineage: {lineage}"
-                )
+        """Say who holds each task left unsettled (the queue's claim), what the service
+        recorded of it (its lineage: held for which primary, probing for which search) and
+        which of its key's searches under way list it among their victims."""
+        store = await open_store(self.store.url, grace_seconds=3600, query_timeout=30)
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                for task_id, status in sorted(left.items())[:10]:
+                    lineage = ""
+                    with contextlib.suppress(httpx.HTTPError):
+                        r = await http.get(f"{self.service}/v1/tasks/{task_id}")
+                        lineage = r.text[:800] if r.status_code == 200 else f"HTTP {r.status_code}"
+                    key = self.pusher.tasks[task_id].key
+                    under_way = await outbox.searches(store, key)
+                    listing = [p for p, raw in under_way.items() if searched({p: raw}, task_id)]
+                    self.notes.append(
+                        f"unsettled: {task_id} ({key}) {checker.holder(status)}; lineage: "
+                        f"{lineage}; searches under way on {key}: {sorted(under_way)}, "
+                        f"those listing it: {listing}"
+                    )
+        finally:
+            await store.close()
 
     async def _drain_pulse_queue(self) -> None:
         """Until every published message is applied and acknowledged: the queue holds none

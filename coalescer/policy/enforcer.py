@@ -343,8 +343,8 @@ class Enforcer:
 
     async def _orphaned(self, current: records.Decision, record: str | None) -> None:
         """``current`` is held for a bisection, but no search under way has it among its
-        victims (a search ended without moving it, in a step the store did not keep): none will
-        end its hold, and renewing it would keep its run from every worker for good. Released
+        victims, however its search came to end without moving it: none will end its hold,
+        and renewing it would keep its run from every worker for good. Released
         (a new run, which a worker runs), once: the move applies only while it is still
         ``bisecting``, and no search takes a victim that is. ``record``: the record of a
         search after ``current.by``, if there is one, left as it is (the compare-and-set is

@@ -212,8 +212,8 @@ async def test_a_victim_held_for_a_search_that_is_over_is_released_not_held_for_
     victims, primary = await held_then_failed(loop, n=3)
     await loop.feed()  # the failure starts the search over what the primary held
     assert [await state(loop, t) for t in victims] == ["bisecting"] * 3
-    # The search's record goes, its victims' lineage stays (a step the store did not keep):
-    # renewing their claims would hold their runs from every worker for good.
+    # The search's record goes, its victims' lineage stays: renewing their claims would hold
+    # their runs from every worker for good.
     [raw] = (await outbox.searches(loop.store, "k")).values()
     done = await outbox.search_step(
         loop.store, "k", primary, expected=raw, record=None, now_ms=loop.now_ms()

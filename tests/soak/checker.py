@@ -477,27 +477,21 @@ def check_index(
         scheduled = runs[-1].get("scheduled")
         return p.created > since or (scheduled is not None and _ms(scheduled) > since * 1000)
 
-    checked = 0
     older: list[str] = []
+    for p in tasks.values():
+        got, runs = index.get(p.key, {}).get(p.task_id), statuses.get(p.task_id, {}).get("runs")
+        if after(p) or got is None or not runs or got == (runs[-1]["runId"], runs[-1]["state"]):
+            continue
+        last = runs[-1]
+        older.append(
+            f"{p.task_id} ({p.key}, created {p.created - since:+.0f} s from the last loss): "
+            f"{got[1]} run {got[0]} (queue: {last['state']} run {last['runId']}, "
+            f"scheduled {last.get('scheduled')}, resolved {last.get('resolved')})"
+        )
+    checked = 0
     for key in sorted({p.key for p in tasks.values()}):
         ours = [p for p in tasks.values() if p.key == key and after(p)]
         held = index.get(key, {})
-        for p in tasks.values():
-            got = held.get(p.task_id)
-            if (
-                p.key != key
-                or after(p)
-                or got is None
-                or not statuses.get(p.task_id, {}).get("runs")
-            ):
-                continue
-            last = statuses[p.task_id]["runs"][-1]
-            if got != (last["runId"], last["state"]):
-                older.append(
-                    f"{p.task_id} ({key}, created {p.created - since:+.0f} s from the last loss): "
-                    f"{got[1]} run {got[0]} (queue: {last['state']} run {last['runId']}, "
-                    f"scheduled {last.get('scheduled')}, resolved {last.get('resolved')})"
-                )
         missing, stale = [], []
         for p in ours:
             last = statuses[p.task_id]["runs"][-1]

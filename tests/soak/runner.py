@@ -589,7 +589,7 @@ class Soak:
         older = checker.check_index(
             tasks, statuses, await self._index(), max(lost, default=0.0) + 1.0, findings
         )
-        if older:  # what the final reconcile will fix, if it finds anything to
+        if older:  # what the final reconcile fixes
             self.notes.append(
                 f"{len(older)} tasks from before the index was last lost are held otherwise "
                 "than the queue has them: " + "; ".join(older[:10])

@@ -123,10 +123,10 @@ def replay(doc: Mapping[str, Any]) -> Bisection:
     return search
 
 
-def searched(under_way: Mapping[str, str], task_id: str) -> bool:
-    """Whether one of the key's searches under way (primary → record, as
-    :func:`coalescer.store.policy.searches` reads them) has ``task_id`` among its victims."""
-    return any(v[0] == task_id for raw in under_way.values() for v in orjson.loads(raw)["victims"])
+def victims(record: str) -> set[str]:
+    """The victims of one search under way, from its record (as
+    :func:`coalescer.store.policy.searches` reads it)."""
+    return {v[0] for v in orjson.loads(record)["victims"]}
 
 
 def _probes(doc: dict[str, Any]) -> list[dict[str, Any]]:

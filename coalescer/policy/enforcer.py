@@ -31,7 +31,7 @@ from taskcluster.exceptions import TaskclusterFailure
 from coalescer.concurrency import all_ended
 from coalescer.errors import StoreUnavailable
 from coalescer.policy.actions import Actions, QueueActions, Result
-from coalescer.policy.bisecting import Searcher, searched
+from coalescer.policy.bisecting import Searcher, victims
 from coalescer.policy.rules import Policy
 from coalescer.store import Store
 from coalescer.store import lineage as records
@@ -207,8 +207,10 @@ class Enforcer:
                 done += 1
                 if not await outbox.lease(self.store, key, "renew", self.consumer, self.lease_ms):
                     return done  # too slow: another enforcer owns the key now
-            for victim in await outbox.held_due(self.store, key, self._now_ms()):
-                await self._renew(key, victim)
+            due = await outbox.held_due(self.store, key, self._now_ms())
+            searched = await self._searched(key) if due else set()
+            for victim in due:
+                await self._renew(key, victim, searched)
                 done += 1
             for primary in await outbox.searches(self.store, key):
                 done += await self.searcher.carry_on(key, primary)
@@ -320,13 +322,22 @@ class Enforcer:
             entry = dataclasses.replace(entry, primary=above.by, primary_run=above.by_run)
         return entry
 
-    async def _renew(self, key: str, victim: str) -> None:
+    async def _searched(self, key: str) -> set[str]:
+        """The victims of ``key``'s searches under way."""
+        return {
+            v for raw in (await outbox.searches(self.store, key)).values() for v in victims(raw)
+        }
+
+    async def _renew(self, key: str, victim: str, searched: set[str]) -> None:
+        """Renew a held victim's claim; ``searched``: the victims of the key's searches, as
+        read at the start of the round."""
         current = await records.decision(self.store, key, victim)
         if current is None or current.state not in ("held", "bisecting"):
             return
-        if current.state == "bisecting":
+        # Read again before it is taken for orphaned: a search may have begun since.
+        if current.state == "bisecting" and victim not in searched:
             under_way = await outbox.searches(self.store, key)
-            if not searched(under_way, victim):
+            if not any(victim in victims(raw) for raw in under_way.values()):
                 await self._orphaned(current, under_way.get(current.by))
                 return
         result = await self.actions.renew(victim)

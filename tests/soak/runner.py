@@ -24,8 +24,8 @@ import httpx
 import taskcluster.aio
 
 from coalescer.ingest.topology import dead_letter_names
-from coalescer.policy.bisecting import searched
-from coalescer.store import open_store
+from coalescer.policy.bisecting import victims
+from coalescer.store import Store, open_store
 from coalescer.store import policy as outbox
 from tests.ports import free_port
 from tests.soak import checker, report
@@ -503,46 +503,44 @@ class Soak:
             busy = [key for key, (entries, under_way) in work.items() if entries or under_way]
             return not busy
 
-        try:  # a status read of every task each time: once a second is enough
-            await self._until(settled, self.config.settle, "the soak to settle", every=1.0)
-        except RuntimeError as exc:  # the time ran out, or a process exited: said, then checked
-            self.notes.append(str(exc)[:1500])
+        try:
+            try:  # a status read of every task each time: once a second is enough
+                await self._until(settled, self.config.settle, "the soak to settle", every=1.0)
+            except RuntimeError as exc:  # the time ran out, or a process exited: said, checked
+                self.notes.append(str(exc)[:1500])
+            self.findings.counts["settle seconds"] = round(time.time() - self.ended, 1)
+            if left:
+                self.notes.append(
+                    f"{len(left)} tasks still pending or running after {self.config.settle:.0f} s"
+                )
+                await self._describe(left, store)
+            elif busy:
+                self.notes.append(
+                    f"the enforcers still had work on {', '.join(busy)} "
+                    f"after {self.config.settle:.0f} s"
+                )
         finally:
             await store.close()
-        self.findings.counts["settle seconds"] = round(time.time() - self.ended, 1)
-        if left:
-            self.notes.append(
-                f"{len(left)} tasks still pending or running after {self.config.settle:.0f} s"
-            )
-            await self._describe(left)
-        elif busy:
-            self.notes.append(
-                f"the enforcers still had work on {', '.join(busy)} after {self.config.settle:.0f} s"
-            )
         await self._drain_pulse_queue()
 
-    async def _describe(self, left: dict[str, dict[str, Any]]) -> None:
+    async def _describe(self, left: dict[str, dict[str, Any]], store: Store) -> None:
         """Say who holds each task left unsettled (the queue's claim), what the service
         recorded of it (its lineage: held for which primary, probing for which search) and
         which of its key's searches under way list it among their victims."""
-        store = await open_store(self.store.url, grace_seconds=3600, query_timeout=30)
-        try:
-            async with httpx.AsyncClient(timeout=10) as http:
-                for task_id, status in sorted(left.items())[:10]:
-                    lineage = ""
-                    with contextlib.suppress(httpx.HTTPError):
-                        r = await http.get(f"{self.service}/v1/tasks/{task_id}")
-                        lineage = r.text[:800] if r.status_code == 200 else f"HTTP {r.status_code}"
-                    key = self.pusher.tasks[task_id].key
-                    under_way = await outbox.searches(store, key)
-                    listing = [p for p, raw in under_way.items() if searched({p: raw}, task_id)]
-                    self.notes.append(
-                        f"unsettled: {task_id} ({key}) {checker.holder(status)}; lineage: "
-                        f"{lineage}; searches under way on {key}: {sorted(under_way)}, "
-                        f"those listing it: {listing}"
-                    )
-        finally:
-            await store.close()
+        async with httpx.AsyncClient(timeout=10) as http:
+            for task_id, status in sorted(left.items())[:10]:
+                lineage = ""
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await http.get(f"{self.service}/v1/tasks/{task_id}")
+                    lineage = r.text[:800] if r.status_code == 200 else f"HTTP {r.status_code}"
+                key = self.pusher.tasks[task_id].key
+                under_way = await outbox.searches(store, key)
+                listing = [p for p, raw in under_way.items() if task_id in victims(raw)]
+                self.notes.append(
+                    f"unsettled: {task_id} ({key}) {checker.holder(status)}; lineage: "
+                    f"{lineage}; searches under way on {key}: {sorted(under_way)}, "
+                    f"those listing it: {listing}"
+                )
 
     async def _drain_pulse_queue(self) -> None:
         """Until every published message is applied and acknowledged: the queue holds none

@@ -65,6 +65,10 @@ class CommandPayload:
 #: Seconds a canceled command (and its ``onCancel`` hook) gets before it is killed.
 CANCEL_GRACE = 10.0
 
+#: Seconds the output of a command that has exited is still read: a process it left running
+#: may hold the output open for good, which must neither stall the run nor leak the pipe.
+OUTPUT_GRACE = 2.0
+
 
 def parse_payload(payload: Any) -> CommandPayload:
     """Check a command payload, or MalformedPayload saying what is wrong with it."""
@@ -266,22 +270,11 @@ class Worker:
             }
             tlog.line(f"running {list(payload.command)!r}")
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *payload.command,
-                    cwd=workdir,
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,  # its own process group, killed as a whole
-                )
+                proc, output = await _start(payload.command, workdir, env, tlog)
             except OSError as exc:
                 raise MalformedPayload(f"cannot start {payload.command[0]!r}: {exc}") from exc
             try:
                 async with asyncio.timeout(payload.max_run_time):
-                    assert proc.stdout is not None
-                    while chunk := await proc.stdout.read(65536):
-                        tlog.write(chunk)
                     code = await proc.wait()
             except TimeoutError:
                 tlog.line(f"maxRunTime of {payload.max_run_time:g} s exceeded: killed")
@@ -294,6 +287,7 @@ class Worker:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     await asyncio.shield(proc.wait())
+                await asyncio.shield(output.close())
         tlog.line(f"exit code {code}")
         return COMPLETED if code == 0 else FAILED
 
@@ -315,26 +309,82 @@ async def _stop_canceled(
         async with asyncio.timeout(CANCEL_GRACE):
             if payload.on_cancel:
                 tlog.line(f"running onCancel {list(payload.on_cancel)!r}")
-                hook = await asyncio.create_subprocess_exec(
-                    *payload.on_cancel,
-                    cwd=workdir,
-                    env=dict(env),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                hook, output = await _start(payload.on_cancel, workdir, env, tlog)
                 try:
-                    output, _ = await hook.communicate()
+                    await hook.wait()
                 finally:
                     if hook.returncode is None:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(hook.pid, signal.SIGKILL)
                         await hook.wait()
-                tlog.write(output)
+                    await output.close()
                 tlog.line(f"onCancel exit code {hook.returncode}")
             await proc.wait()
     except TimeoutError:
         tlog.line("cancel grace over: killing what is left")
     except OSError as exc:
         tlog.line(f"cannot run onCancel: {exc}")
+
+
+async def _start(
+    argv: Sequence[str], workdir: str, env: Mapping[str, str], tlog: TaskLog
+) -> tuple[asyncio.subprocess.Process, _Output]:
+    """Start ``argv`` in a process group of its own, its output and error copied into ``tlog``."""
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "wb", buffering=0) as writer:  # then the command holds the only one
+        output = await _Output.follow(read_end, tlog)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=workdir,
+                env=dict(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=writer,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        except BaseException:
+            writer.close()  # then the copy ends at once
+            await output.close()
+            raise
+    return proc, output
+
+
+class _Output:
+    """A command's output and error, copied into the task's log as they come, through a pipe the
+    worker owns so that it can stop reading once the command is over, even while a process the
+    command left running (in a session of its own, out of reach of the kill of its process
+    group) holds the pipe open."""
+
+    def __init__(self, transport: asyncio.ReadTransport, copy: asyncio.Task[None], tlog: TaskLog):
+        self._transport = transport
+        self._copy = copy
+        self._tlog = tlog
+
+    @classmethod
+    async def follow(cls, fd: int, tlog: TaskLog) -> _Output:
+        """Copy what arrives on the pipe's read end ``fd`` (owned from now on) into ``tlog``."""
+        reader = asyncio.StreamReader()
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+        )
+
+        async def copy() -> None:
+            while chunk := await reader.read(65536):
+                tlog.write(chunk)
+
+        return cls(transport, asyncio.create_task(copy()), tlog)
+
+    async def close(self) -> None:
+        """Once the command is over: copy what is left, until the pipe's end or for at most
+        :data:`OUTPUT_GRACE` seconds, then close the pipe."""
+        try:
+            await asyncio.wait({self._copy}, timeout=OUTPUT_GRACE)
+            if not self._copy.done():
+                self._copy.cancel()
+                self._tlog.line(
+                    "a process the command left running still holds the command's output:"
+                    " no longer read"
+                )
+        finally:
+            self._transport.close()

@@ -133,7 +133,7 @@ async def test_the_live_log_is_followed_through_the_queue_then_refers_to_its_bac
     finally:
         if proc.returncode is None:
             proc.kill()
-            await proc.wait()
+        await proc.communicate()  # its error output read to the end: the pipe closes
 
 
 @pytest.fixture

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -65,6 +67,46 @@ async def test_max_run_time_kills_the_command_and_fails_the_task(shim: Shim, tas
         await poll(resolved(tasks, task_id))
     assert tasks.last_run(task_id)["state"] == "failed"
     assert "maxRunTime of 0.5 s exceeded" in tasks.artifact(task_id, 0, LOG)
+
+
+def _pipes_of(pid: int | str) -> set[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    links = set()
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # closed since listed
+            links.add(os.readlink(fd))
+    return {link for link in links if link.startswith("pipe:")}
+
+
+@pytest.mark.parametrize(("max_run_time", "outcome"), [(60, "completed"), (0.5, "failed")])
+async def test_a_process_left_behind_holding_the_output_neither_stalls_the_run_nor_leaks_the_pipe(
+    max_run_time: float, outcome: str, shim: Shim, tasks: Tasks, tmp_path: Path
+) -> None:
+    # The command starts a process in a session of its own (beyond the reach of the kill of its
+    # process group) that inherits its output, then ends or overruns its maxRunTime.
+    pid_file = tmp_path / "pid"
+    leave_behind = (
+        "import subprocess, sys; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " start_new_session=True); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('left', flush=True); "
+        "import time; time.sleep(float(sys.argv[1]))"
+    )
+    end_after = 0 if outcome == "completed" else 30
+    command = [sys.executable, "-c", leave_behind, str(end_after)]
+    task_id = tasks.create(url="", payload={"command": command, "maxRunTime": max_run_time})
+    try:
+        async with running(shim):
+            await poll(resolved(tasks, task_id), within=20)
+        assert tasks.last_run(task_id)["state"] == outcome
+        log = tasks.artifact(task_id, 0, LOG)
+        assert "left\n" in log
+        assert "still holds the command's output" in log
+        held = _pipes_of(pid_file.read_text())
+        assert held and not held & _pipes_of("self"), "the worker kept the pipe open"
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 async def test_the_primary_command_sees_what_it_supersedes(

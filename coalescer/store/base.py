@@ -19,13 +19,19 @@ class Pipelining(Protocol):
     grace_ms: int
 
     async def pipeline(
-        self, fill: Callable[[Any], object], *, raise_on_error: bool = True
+        self,
+        fill: Callable[[Any], object],
+        *,
+        raise_on_error: bool = True,
+        replicated: bool = False,
     ) -> list[Any]:
         """Run the commands ``fill`` queues on the pipeline it is given, in one round trip,
         and return their replies in order. Scripts Redis lost are loaded again and the round
         trip sent once more (every script call is idempotent). Raises
         :class:`~coalescer.errors.StoreError`; with ``raise_on_error`` false, a command's
-        error is its reply instead."""
+        error is its reply instead. With ``replicated``, on a Cluster, the writes are done
+        only once a replica holds them (a failover cannot take back what someone was told or
+        what the queue was then asked to do), else the store is unavailable."""
         ...
 
     def eval(self, pipe: Any, name: str, key_names: Sequence[str], *args: Any) -> None:

@@ -6,7 +6,9 @@ event they follow (:meth:`Store.apply` with a policy) or on a tick. Each decisio
 twice: as lineage (``co:{K}:v``) and as an entry of the key's outbox stream, which
 ``coalescer enforce`` consumes with a consumer group; ``settle.lua`` records what was done and
 acknowledges the entry in one step, so an entry is either pending (and will be carried out
-again, harmlessly) or done. See :mod:`coalescer.store.keys` for the layout.
+again, harmlessly) or done. On a Cluster, a step the enforcer takes (a settle, a reservation, a
+search step) is done only once a replica holds it: the queue calls that follow act on it, and a
+failover must not take it back. See :mod:`coalescer.store.keys` for the layout.
 """
 
 from __future__ import annotations
@@ -269,7 +271,8 @@ async def settle(
             definition,
             ",".join(cascaded),
             "|".join(resolution) if resolution else "",
-        )
+        ),
+        replicated=True,
     )
     return bool(int(raw[0])), int(raw[1])
 
@@ -315,7 +318,9 @@ async def reserve(
     ``expire_ms``. False while a decision about it is under way. With ``undo``, give it
     back (``ran``): False when it was not the search's (see ``settle.lua``'s ``reserve``)."""
     args = ["reserve", task_id, run, by, rule, reason, now_ms, expire_ms, int(undo)]
-    (raw,) = await store.pipeline(lambda pipe: store.eval(pipe, "settle", keys.settled(key), *args))
+    (raw,) = await store.pipeline(
+        lambda pipe: store.eval(pipe, "settle", keys.settled(key), *args), replicated=True
+    )
     return bool(int(raw[0]))
 
 
@@ -347,5 +352,7 @@ async def search_step(
     ]
     for m in moves:
         args += [m.victim, m.was, m.new, m.action, m.by, m.by_run, m.reason, int(m.emit)]
-    (raw,) = await store.pipeline(lambda pipe: store.eval(pipe, "settle", keys.settled(key), *args))
+    (raw,) = await store.pipeline(
+        lambda pipe: store.eval(pipe, "settle", keys.settled(key), *args), replicated=True
+    )
     return bool(int(raw[0]))

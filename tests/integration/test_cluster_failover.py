@@ -12,6 +12,7 @@ import pytest
 from coalescer.errors import StoreUnavailable
 from coalescer.model import TaskEvent
 from coalescer.store import keys, open_store
+from coalescer.store import policy as outbox
 from tests.soak.stores import Cluster
 
 NOW = 1_893_456_000_000
@@ -98,5 +99,47 @@ async def test_no_write_is_acknowledged_that_a_failover_then_loses(cluster: Clus
                 failures += 1
                 assert failures <= 3, "the store did not follow the failover"
         assert set(await store.all_known("frozen")) == {"a", "b"}
+    finally:
+        await store.close()
+
+
+async def test_no_enforcer_step_is_reported_done_that_a_failover_then_loses(
+    cluster: Cluster,
+) -> None:
+    """The same frozen master, under a step of the enforcer's (here a search beginning): the
+    queue calls that follow a step act on it, so a step the failover drops must fail, not
+    answer done."""
+    store = await open_store(cluster.url, grace_seconds=3600)
+    key = "frozen"
+
+    async def begin(primary: str) -> bool:
+        return await outbox.search_step(
+            store, key, primary, expected="", record=f"{primary}'s", now_ms=NOW
+        )
+
+    try:
+        assert await begin("p1")
+        cluster.replicated()
+        slot_key = keys.settled(key)[0]
+        port = cluster.master_of(slot_key)
+        cluster.freeze_port(port)
+        try:
+            sent = asyncio.create_task(begin("p2"))
+            await asyncio.to_thread(cluster.failed_over, slot_key, port)
+        finally:
+            await asyncio.to_thread(cluster.thaw)
+        try:
+            done = await sent
+        except StoreUnavailable:
+            done = False  # not done: the enforcer takes the step again next round
+        await asyncio.to_thread(cluster.demoted, port)
+        failures = 0
+        while not done:
+            try:
+                done = await begin("p2")
+            except StoreUnavailable:
+                failures += 1
+                assert failures <= 3, "the store did not follow the failover"
+        assert set(await outbox.searches(store, key)) == {"p1", "p2"}
     finally:
         await store.close()

@@ -25,6 +25,7 @@ from redis.exceptions import AskError, MovedError, RedisClusterException, RedisE
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from coalescer.store.admission import POOL_SIZE
 from coalescer.store.pipelined import PipelinedClient, ReplyError
 
 #: How many times one pipeline follows a changed slot map (a failover, a moved slot) before it
@@ -73,6 +74,9 @@ class NodeClients:
                 ssl=self._ssl,
                 socket_connect_timeout=5,
                 socket_timeout=10,
+                # As many round trips at once as the store lets in (Store.admission), which
+                # may all go to this node; redis-py's default pool is smaller.
+                max_connections=POOL_SIZE,
                 # Never sent again by redis-py: after a timeout the node may have run them.
                 retry=Retry(NoBackoff(), 0),
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from coalescer.model import TaskEvent
 from coalescer.settings import Settings
 from coalescer.store import Store, keys, open_store
 from coalescer.store import policy as stored_policy
+from coalescer.store.admission import POOL_SIZE
 from coalescer.store.cluster import ClusterRouter
 from coalescer.web.app import create_app
 from tests.redis_cluster import ClusterFailed, redis_cluster
@@ -79,6 +81,19 @@ async def test_queries_go_to_each_keys_node_over_the_lean_connections(
         assert (snap.pending, snap.newest) == (1, [f"t{i}"])
     assert len(asked) == len(keys)  # none fell back to redis-py
     assert len(router._clients) == 3  # one lean connection per node
+
+
+async def test_as_many_round_trips_at_once_as_a_process_lets_in_on_one_node(
+    cluster_store: Store,
+) -> None:
+    # Store.admission lets POOL_SIZE round trips in at once; on a Cluster they may all go to
+    # one node, whose connection pool must hold as many (redis-py's default is smaller).
+    await cluster_store.apply([ev("a", 1, "burst")], now_ms=NOW)
+    pending = keys.group("burst")[1]
+    replies = await asyncio.gather(
+        *(cluster_store.pipeline(lambda pipe: pipe.zcard(pending)) for _ in range(POOL_SIZE))
+    )
+    assert replies == [[1]] * POOL_SIZE
 
 
 async def test_a_query_sent_to_the_wrong_node_is_redirected_through_redis_py(

@@ -283,9 +283,9 @@ class Worker:
                 await _stop_canceled(proc, payload, env, workdir, tlog)
                 raise
             finally:
+                with contextlib.suppress(ProcessLookupError):  # what it left running too
+                    os.killpg(proc.pid, signal.SIGKILL)
                 if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
                     await asyncio.shield(proc.wait())
                 await asyncio.shield(output.close())
         tlog.line(f"exit code {code}")

@@ -78,6 +78,32 @@ def _pipes_of(pid: int | str) -> set[str]:
     return {link for link in links if link.startswith("pipe:")}
 
 
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has ended
+
+
+async def test_what_a_command_left_running_in_its_process_group_ends_with_it(
+    shim: Shim, tasks: Tasks
+) -> None:
+    command = ["sh", "-c", "sleep 60 & echo $!"]
+    task_id = tasks.create(url="", payload={"command": command})
+    async with running(shim):
+        await poll(resolved(tasks, task_id))
+    assert tasks.last_run(task_id)["state"] == "completed"
+    log = tasks.artifact(task_id, 0, LOG)
+    left = int(next(line for line in log.splitlines() if line.isdigit()))
+    try:
+        await poll(lambda: not _alive(left), within=5, what="the command's child gone")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(left, signal.SIGKILL)
+    assert "no longer read" not in log  # killed with the command: its output ended
+
+
 @pytest.mark.parametrize(("max_run_time", "outcome"), [(60, "completed"), (0.5, "failed")])
 async def test_a_process_left_behind_holding_the_output_neither_stalls_the_run_nor_leaks_the_pipe(
     max_run_time: float, outcome: str, shim: Shim, tasks: Tasks, tmp_path: Path

@@ -313,9 +313,9 @@ async def _stop_canceled(
                 try:
                     await hook.wait()
                 finally:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(hook.pid, signal.SIGKILL)
                     if hook.returncode is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(hook.pid, signal.SIGKILL)
                         await hook.wait()
                     await output.close()
                 tlog.line(f"onCancel exit code {hook.returncode}")

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the emulator with uvicorn until interrupted."""
     import uvicorn
 
-    from coalescer.emulator.server import create_app
+    from coalescer.emulator.server import KEEP_ALIVE_SECONDS, create_app
 
     served = options(args, settings)
     log.warning(
@@ -119,5 +119,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         access_log=False,
         lifespan="on",
         ws="none",
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
     return 0

@@ -26,7 +26,7 @@ import uvicorn
 from coalescer.emulator.clock import Clock, format_time
 from coalescer.emulator.messages import select
 from coalescer.emulator.runtime import Emulator, EmulatorOptions
-from coalescer.emulator.server import create_app
+from coalescer.emulator.server import KEEP_ALIVE_SECONDS, create_app
 
 T = TypeVar("T")
 
@@ -76,6 +76,7 @@ class QueueEmulator:
             ws="none",  # no websockets: their legacy module warns on import
             http="h11",
             loop="asyncio",
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name="queue-emulator", daemon=True)

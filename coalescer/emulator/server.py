@@ -18,6 +18,12 @@ from coalescer.emulator.endpoints import HANDLERS, not_implemented
 from coalescer.emulator.runtime import Emulator, EmulatorOptions
 from coalescer.schemas import load_reference
 
+#: Seconds the server keeps an idle connection open (uvicorn's ``timeout_keep_alive``; its
+#: default is 5). Longer than its clients keep one (aiohttp 15 s, httpx 5 s), so that a client
+#: never sends a request on a connection the server is closing at that moment, which a client
+#: without retries (the tests') reports as a connection it could not establish.
+KEEP_ALIVE_SECONDS = 75
+
 
 def create_app(emulator: Emulator | EmulatorOptions | None = None) -> Starlette:
     """The emulator as an ASGI app; its lifespan runs the publisher and the periodic checks."""

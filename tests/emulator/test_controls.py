@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -62,6 +64,18 @@ def test_unknown_routes_answer_in_the_queue_error_shape(em: QueueEmulator) -> No
     assert unimplemented.status_code == 404
     assert "does not implement listProvisioners" in unimplemented.json()["message"]
     assert bad_id.status_code == 400 and bad_id.json()["code"] == "InvalidRequestArguments"
+
+
+def test_an_idle_connection_outlives_the_clients_own_keep_alive(em: QueueEmulator) -> None:
+    # A client keeps an idle connection 15 s at most (aiohttp; httpx 5 s) and then closes it:
+    # the server must not close it first, or a request sent as it does fails to connect.
+    request = f"GET /api/queue/v1/ping HTTP/1.1\r\nHost: 127.0.0.1:{em.port}\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", em.port), timeout=10) as conn:
+        conn.sendall(request)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(6)  # idle past uvicorn's default keep-alive (5 s): the property under test
+        conn.sendall(request)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200"), "the server closed it"
 
 
 def test_the_cli_adds_an_emulator_subcommand_with_its_flags() -> None:

@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 #: Allocations between collections of the youngest generation (measured in bench/query.py:
 #: about 10% more queries per second than the default 700 on this service's query path).
 GC_THRESHOLD = 50_000
+#: Seconds between full collections. The threshold counts allocations net of deallocations, and
+#: a serving process frees nearly all it allocates: the collector itself hardly ever runs, and
+#: reference cycles (an exception kept with its traceback, which a Cluster failover makes by the
+#: thousand in redis-py: its error replies, its slot-map refreshes) pile up without end.
+COLLECT_SECONDS = 15.0
 #: Seconds between writes of the buffered answers (pages, metrics), and between looks at the
 #: store's condition (writable, evicting, emptied).
 FLUSH_SECONDS = 1.0
@@ -149,6 +154,11 @@ def _traced(path: str, endpoint: Callable[..., Any], *methods: str) -> Route:
     return Route(path, endpoint, methods=list(methods or ("GET",)), middleware=TRACED)
 
 
+async def collect() -> None:
+    """A full collection of what is not frozen (see :data:`COLLECT_SECONDS`)."""
+    gc.collect()
+
+
 def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -171,6 +181,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         supervisor.every(
             "watch-store", WATCH_SECONDS, partial(watch_store, app.state.store, app.state.health)
         )
+        supervisor.every("collect", COLLECT_SECONDS, collect)
         # Forgets keys whose tasks have all expired; counts the index for /metrics.
         supervisor.every(
             "upkeep",

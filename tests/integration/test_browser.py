@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Page, Route, async_playwright, expect
 
 from tests.integration.test_demo import RAN, DemoProcess
 
@@ -45,6 +45,20 @@ def chromium() -> str:
 
 async def shot(page: Page, tmp_path: Path, name: str) -> None:
     await page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+
+
+REFRESH = re.compile(r'<meta http-equiv="refresh"[^>]*>')
+
+
+async def without_refresh(route: Route) -> None:
+    """A page as served, without its meta refresh."""
+    if route.request.resource_type != "document":
+        await route.continue_()
+        return
+    response = await route.fetch()
+    body = await response.text()
+    assert route.request.url.startswith("http://127.0.0.1:")  # the demo's own pages only
+    await route.fulfill(response=response, body=REFRESH.sub("", body))
 
 
 #: The overview's charts, by the history series each draws.
@@ -124,6 +138,9 @@ async def test_the_pages_in_a_browser_while_events_flow(tmp_path: Path) -> None:
             # The page reloads itself (meta refresh, no JavaScript).
             async with page.expect_navigation(timeout=15_000):
                 pass
+            # From here on, pages come without it: a refresh in the middle of a navigation or
+            # a click aborts it (net::ERR_ABORTED) or detaches what the test looks at.
+            await page.route("**/*", without_refresh)
 
             # The charts, once superseding has saved worker time (a key's superseded tasks
             # count the run time of its completed runs) and the upkeep has sampled the pending.
@@ -136,11 +153,11 @@ async def test_the_pages_in_a_browser_while_events_flow(tmp_path: Path) -> None:
             assert all("UTC: " in t for t in charts["superseded"]["titles"])
             superseded = sum(int(t.rsplit(" ", 1)[1]) for t in charts["superseded"]["titles"])
             assert superseded >= int(primary.group(3))
-            # The whole page: a scroll to the charts could meet the page mid-refresh (detached).
             await shot(page, tmp_path, "charts")
 
             await page.get_by_role("link", name=primary.group(1), exact=True).click()
             await expect(page.locator("h1")).to_contain_text(primary.group(1))
+            assert await page.locator('meta[http-equiv="refresh"]').count() == 0  # routed
             keyed = await charted(page, page.url, ("pending",))
             assert keyed["pending"]["raised"] >= 1
             answers = page.locator("h2:has-text('Recent answers') + table tbody tr")

@@ -54,6 +54,10 @@ from coalescer.worker.resolve import Resolver
 log = logging.getLogger("coalescer.worker")
 #: The key's newest findings its flake rate is read from, as the enforcer does.
 FLAKE_FINDINGS = 50
+#: Seconds the shim keeps an idle HTTP connection (to the superseder, to artifact storage):
+#: less than servers keep one (``coalescer serve`` 5 s by default, uvicorn 5 s), so that it
+#: never sends a query on a connection the server is closing at that moment, which would fail.
+KEEP_IDLE_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +146,9 @@ class Shim:
 
     async def __aenter__(self) -> Shim:
         session = await self._stack.enter_async_context(aiohttp.ClientSession())
-        self.http = await self._stack.enter_async_context(httpx.AsyncClient())
+        self.http = await self._stack.enter_async_context(
+            httpx.AsyncClient(limits=httpx.Limits(keepalive_expiry=KEEP_IDLE_SECONDS))
+        )
         self.conn = Connection(self.root_url, session, self._max_retries)
         self.queue: Any = self.conn.queue(self._credentials)
         self.resolver = Resolver(

@@ -16,6 +16,7 @@ from coalescer.store import Store
 from coalescer.web.app import create_app
 from coalescer.worker import Claim, Options, Outcome, Superseded
 from coalescer.worker.protocol import COMPLETED
+from coalescer.worker.shim import KEEP_IDLE_SECONDS
 from tests.worker.support import DockerWorkerRules, Tasks, claim_work, make_shim
 
 pytestmark = pytest.mark.integration
@@ -110,3 +111,10 @@ async def test_an_unmodified_docker_worker_runs_the_newest_task(
             "taskId": ids[-1],
             "runId": 0,
         }
+
+
+def test_the_shim_lets_an_idle_connection_go_before_the_service_would() -> None:
+    # Equal keep-alives race: the shim could send its query as the service closes the
+    # connection. uvicorn's own default is the service's default too (5 s).
+    assert KEEP_IDLE_SECONDS < Settings.from_environ({}).idle_timeout
+    assert KEEP_IDLE_SECONDS < uvicorn.Config(app=None).timeout_keep_alive

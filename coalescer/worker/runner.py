@@ -331,7 +331,7 @@ async def _start(
 ) -> tuple[asyncio.subprocess.Process, _Output]:
     """Start ``argv`` in a process group of its own, its output and error copied into ``tlog``."""
     read_end, write_end = os.pipe()
-    with os.fdopen(write_end, "wb", buffering=0) as writer:  # then the command holds the only one
+    with os.fdopen(write_end, "wb", buffering=0) as writer:  # closed here: the command keeps its own
         output = await _Output.follow(read_end, tlog)
         try:
             proc = await asyncio.create_subprocess_exec(

@@ -331,7 +331,8 @@ async def _start(
 ) -> tuple[asyncio.subprocess.Process, _Output]:
     """Start ``argv`` in a process group of its own, its output and error copied into ``tlog``."""
     read_end, write_end = os.pipe()
-    with os.fdopen(write_end, "wb", buffering=0) as writer:  # closed here: the command keeps its own
+    # The worker's copy of the write end is closed at the end of the block: the command's stays.
+    with os.fdopen(write_end, "wb", buffering=0) as writer:
         output = await _Output.follow(read_end, tlog)
         try:
             proc = await asyncio.create_subprocess_exec(

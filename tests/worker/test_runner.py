@@ -112,14 +112,13 @@ async def test_a_process_left_behind_holding_the_output_neither_stalls_the_run_n
     # process group) that inherits its output, then ends or overruns its maxRunTime.
     pid_file = tmp_path / "pid"
     leave_behind = (
-        "import subprocess, sys; "
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        "import signal, subprocess, sys; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'],"
         " start_new_session=True); "
         f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('left', flush=True); "
-        "import time; time.sleep(float(sys.argv[1]))"
+        "sys.argv[1] == 'overrun' and signal.pause()"  # until killed at its maxRunTime
     )
-    end_after = 0 if outcome == "completed" else 30
-    command = [sys.executable, "-c", leave_behind, str(end_after)]
+    command = [sys.executable, "-c", leave_behind, "end" if outcome == "completed" else "overrun"]
     task_id = tasks.create(url="", payload={"command": command, "maxRunTime": max_run_time})
     try:
         async with running(shim):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -17,6 +18,7 @@ from tests.soak.stores import Cluster
 
 NOW = 1_893_456_000_000
 KEYS = [f"k{i}" for i in range(24)]
+T = TypeVar("T")
 
 
 def ev(task: str, order: float, key: str, state: str = "pending") -> TaskEvent:
@@ -31,6 +33,35 @@ def cluster() -> Iterator[Cluster]:
         yield nodes
     finally:
         nodes.stop()
+
+
+async def sent_through_a_failover(
+    cluster: Cluster, slot_key: str, send: Callable[[], Awaitable[T]]
+) -> T:
+    """``send()`` to the master of ``slot_key`` while it is frozen longer than the node timeout
+    and its replica promoted; thawed, it rejoins as a replica. What the store reports done must
+    survive that: a failure (not done) is sent again, and must land on the new master."""
+    cluster.replicated()
+    port = cluster.master_of(slot_key)
+    cluster.freeze_port(port)
+    try:
+        sent = asyncio.create_task(send())
+        await asyncio.to_thread(cluster.failed_over, slot_key, port)
+    finally:
+        await asyncio.to_thread(cluster.thaw)
+    failures = 0
+    try:
+        return await sent
+    except StoreUnavailable:
+        pass  # not done: sent again below
+    finally:
+        await asyncio.to_thread(cluster.demoted, port)
+    while True:
+        try:
+            return await send()
+        except StoreUnavailable:
+            failures += 1
+            assert failures <= 3, "the store did not follow the failover"
 
 
 async def test_the_store_follows_a_failover_without_a_restart(cluster: Cluster) -> None:
@@ -77,27 +108,11 @@ async def test_no_write_is_acknowledged_that_a_failover_then_loses(cluster: Clus
     store = await open_store(cluster.url, grace_seconds=3600)
     try:
         await store.apply([ev("a", 1, "frozen")], now_ms=NOW)
-        cluster.replicated()
-        slot_key = keys.group("frozen")[0]
-        port = cluster.master_of(slot_key)
-        cluster.freeze_port(port)
-        try:
-            sent = asyncio.create_task(store.apply([ev("b", 2, "frozen")], now_ms=NOW))
-            await asyncio.to_thread(cluster.failed_over, slot_key, port)
-        finally:
-            await asyncio.to_thread(cluster.thaw)
-        try:
-            outcomes = await sent
-        except StoreUnavailable:
-            outcomes = None  # not acknowledged: the caller applies it again
-        await asyncio.to_thread(cluster.demoted, port)
-        failures = 0
-        while outcomes is None:
-            try:
-                outcomes = await store.apply([ev("b", 2, "frozen")], now_ms=NOW)
-            except StoreUnavailable:
-                failures += 1
-                assert failures <= 3, "the store did not follow the failover"
+        await sent_through_a_failover(
+            cluster,
+            keys.group("frozen")[0],
+            lambda: store.apply([ev("b", 2, "frozen")], now_ms=NOW),
+        )
         assert set(await store.all_known("frozen")) == {"a", "b"}
     finally:
         await store.close()
@@ -119,27 +134,8 @@ async def test_no_enforcer_step_is_reported_done_that_a_failover_then_loses(
 
     try:
         assert await begin("p1")
-        cluster.replicated()
-        slot_key = keys.settled(key)[0]
-        port = cluster.master_of(slot_key)
-        cluster.freeze_port(port)
-        try:
-            sent = asyncio.create_task(begin("p2"))
-            await asyncio.to_thread(cluster.failed_over, slot_key, port)
-        finally:
-            await asyncio.to_thread(cluster.thaw)
-        try:
-            done = await sent
-        except StoreUnavailable:
-            done = False  # not done: the enforcer takes the step again next round
-        await asyncio.to_thread(cluster.demoted, port)
-        failures = 0
-        while not done:
-            try:
-                done = await begin("p2")
-            except StoreUnavailable:
-                failures += 1
-                assert failures <= 3, "the store did not follow the failover"
+        # Sent again after a failure, the step answers False if the first one did land.
+        await sent_through_a_failover(cluster, keys.settled(key)[0], lambda: begin("p2"))
         assert set(await outbox.searches(store, key)) == {"p1", "p2"}
     finally:
         await store.close()

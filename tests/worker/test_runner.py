@@ -17,6 +17,7 @@ import pytest
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.worker import Options, Shim
 from coalescer.worker.runner import MalformedPayload, parse_payload
+from tests.integration.test_serve import zombie
 from tests.worker.support import QUEUE, Superseder, Tasks, make_shim, poll, resolved, running
 
 CLAIM_TIMEOUT = 1200  # the emulator's seconds per claim
@@ -79,11 +80,7 @@ def _pipes_of(pid: int | str) -> set[str]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status  # a zombie has ended
+    return Path(f"/proc/{pid}").exists() and not zombie(pid)
 
 
 async def test_what_a_command_left_running_in_its_process_group_ends_with_it(

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) \
 		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && rm -rf $(VENV) \
-			&& { apt-get update -qq; apt-get install -y -qq --no-install-recommends python3-venv; } && $(PYTHON) -m venv $(VENV); } \
+			&& { apt-get -o DPkg::Lock::Timeout=600 update -qq; apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends python3-venv; } && $(PYTHON) -m venv $(VENV); } \
 		|| { echo "python3 -m venv failed: install Debian's python3-venv (apt-get install python3-venv)"; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e .

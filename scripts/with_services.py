@@ -51,15 +51,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: How long an install waits for another apt-get to let go of the package lock.
+APT_LOCK_SECONDS = 600
+
+
 def install(package: str, why: str) -> bool:
     """Install Debian's ``package`` with apt-get when running as root; whether it was tried."""
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return False
     say(f"{why}: installing Debian's {package} (apt-get)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+    # Another apt-get (a second test run setting up beside this one) holds the package lock
+    # for a while: wait for it instead of failing.
+    apt = ["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_SECONDS}"]
+    subprocess.run([*apt, "update", "-qq"], check=False, env=env)
     # Without recommends: chromium alone would bring about 115 packages the tests never use.
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]
+    install = [*apt, "install", "-y", "-qq", "--no-install-recommends", package]
     subprocess.run(install, check=True, env=env)
     return True
 

@@ -52,7 +52,8 @@ def not_sent(exc: BaseException) -> bool:
 
 
 class NodeClients:
-    """One plain client per cluster node, with the credentials of ``REDIS_URL``."""
+    """One plain client per cluster node, with the credentials of ``REDIS_URL``, and the reads
+    of the slot map they are chosen by."""
 
     def __init__(self, redis_url: str) -> None:
         parts = urlparse(redis_url)
@@ -63,6 +64,24 @@ class NodeClients:
         #: whether each node had a replica (not failed) when it last answered a pipeline
         #: whose writes had to be replicated; unknown means it may
         self.replicas: dict[str, bool] = {}
+        self._reading: asyncio.Future[None] | None = None
+
+    async def refresh(self, cluster: RedisCluster) -> None:
+        """Read ``cluster``'s slot map anew. In a failover every pipeline under way finds the
+        map stale at once (up to one per admitted round trip); they share one read, started by
+        the first and awaited by those that ask while it is under way, instead of each asking
+        the nodes and building its own 16,384-slot tables. A read's error reaches every one of
+        them; one caller cancelled does not cancel the read for the others."""
+        reading = self._reading
+        if (
+            reading is None
+            or reading.done()
+            or reading.get_loop() is not asyncio.get_running_loop()
+        ):
+            reading = self._reading = asyncio.ensure_future(cluster.nodes_manager.initialize())
+            # Retrieved here too: its callers may all have been cancelled.
+            reading.add_done_callback(lambda read: read.cancelled() or read.exception())
+        await asyncio.shield(reading)
 
     def get(self, node: ClusterNode) -> aioredis.Redis:
         if node.name not in self._clients:
@@ -148,7 +167,7 @@ class ClusterPipeline:
             stale, unreachable, in_doubt = await self._send(todo, results)
             if in_doubt is not None:
                 with contextlib.suppress(RedisError, OSError):
-                    await self._cluster.nodes_manager.initialize()
+                    await self._nodes.refresh(self._cluster)
                 raise in_doubt
             if not stale and unreachable is None:
                 break
@@ -156,7 +175,7 @@ class ClusterPipeline:
                 if unreachable is not None:
                     raise unreachable
                 break
-            await self._cluster.nodes_manager.initialize()
+            await self._nodes.refresh(self._cluster)
             todo = stale
         if raise_on_error:
             for reply in results:

@@ -3,6 +3,7 @@ a counter is never counted twice after a timeout."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
@@ -14,7 +15,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from coalescer.store.cluster import ClusterPipeline, healthy_replicas, not_sent, routing_key
+from coalescer.store.cluster import (
+    ClusterPipeline,
+    NodeClients,
+    healthy_replicas,
+    not_sent,
+    routing_key,
+)
 
 
 class Node:
@@ -41,9 +48,13 @@ class Cluster:
 class Manager:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        #: set: a refresh reads the nodes' answer at once; clear: it waits for it
+        self.answer = asyncio.Event()
+        self.answer.set()
 
     async def initialize(self) -> None:
         self.cluster.refreshes += 1
+        await self.answer.wait()
         self.cluster.owner = self.cluster.after
 
 
@@ -55,6 +66,8 @@ class Server:
         self.how = how
         self.counters: dict[str, int] = {}
         self.pipelines = 0
+        #: set once ``awaited`` pipelines have been sent
+        self.sent, self.awaited = asyncio.Event(), 0
 
 
 class Pipe:
@@ -68,6 +81,8 @@ class Pipe:
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         server = self.server
         server.pipelines += 1
+        if server.pipelines == server.awaited:
+            server.sent.set()
         if server.how == "refused":
             raise RedisConnectionError("Error 111 connecting to 10.0.0.1:7000. Connection refused.")
         if server.how == "moved":
@@ -82,8 +97,9 @@ class Pipe:
         return replies
 
 
-class Nodes:
+class Nodes(NodeClients):
     def __init__(self, servers: dict[str, Server]) -> None:
+        super().__init__("redis://127.0.0.1:7000")
         self.servers = servers
 
     def get(self, node: Node) -> Any:
@@ -126,6 +142,33 @@ async def test_a_redirected_command_is_sent_again_to_the_node_named() -> None:
     assert await pipe.execute() == [1, 5]
     assert (old.counters, new.counters) == ({}, {"answers": 1, "events": 5})
     assert cluster.refreshes == 1
+
+
+async def test_pipelines_that_find_the_map_stale_at_once_share_one_read_of_it() -> None:
+    old, new = Server("moved"), Server("run")
+    cluster = Cluster(Node("old"), Node("new"))
+    cluster.nodes_manager.answer.clear()  # the nodes are slow to answer, as in a failover
+    nodes = Nodes({"old": old, "new": new})
+    pipes = []
+    for _ in range(50):
+        pipe = ClusterPipeline(cluster, nodes)  # type: ignore[arg-type]
+        pipe.hincrby("{co:keys}:stats", "answers", 1)
+        pipes.append(asyncio.ensure_future(pipe.execute()))
+    old.awaited = 50
+    async with asyncio.timeout(10):  # every one redirected, each waiting for a fresh map
+        await old.sent.wait()
+    cancelled = pipes.pop()
+    cancelled.cancel()  # one caller gone: the read goes on for the others
+    cluster.nodes_manager.answer.set()
+    assert [await p for p in pipes] == [[n] for n in range(1, 50)]
+    assert cluster.refreshes == 1
+    assert cancelled.cancelled() and new.counters == {"answers": 49}
+    # A map found stale after that read ended is read again.
+    cluster.owner = Node("old")
+    pipe = ClusterPipeline(cluster, nodes)  # type: ignore[arg-type]
+    pipe.hincrby("{co:keys}:stats", "answers", 1)
+    assert await pipe.execute() == [50]
+    assert cluster.refreshes == 2
 
 
 async def test_redis_py_s_errors_before_and_after_sending_are_told_apart() -> None:

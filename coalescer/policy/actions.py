@@ -102,6 +102,8 @@ class QueueActions(Protocol):
 
     async def dependents(self, task_id: str) -> list[Relative]: ...
 
+    async def created_ms(self, task_id: str) -> int | None: ...
+
 
 def definition_json(task: Mapping[str, Any]) -> str:
     data = orjson.dumps(task)
@@ -297,6 +299,17 @@ class Actions:
             self._relative(item["status"]["taskId"], item["task"], bool(item["status"].get("runs")))
             for item in await dependents(self.queue, task_id)
         ]
+
+    async def created_ms(self, task_id: str) -> int | None:
+        """When ``task_id`` was created (its definition's ``created``, ms); None when the queue
+        no longer has it (404: past its expiry)."""
+        try:
+            definition = await self.queue.task(task_id)
+        except TaskclusterFailure as exc:
+            if http_status(exc) != 404:
+                raise
+            return None
+        return parse_time_ms(definition["created"])
 
     def _relative(self, task_id: str, definition: Mapping[str, Any], ran: bool) -> Relative:
         keys = keys_from_routes(definition.get("routes", []), self.prefix)

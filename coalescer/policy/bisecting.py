@@ -73,7 +73,7 @@ step taken twice, or an enforcer that dies between two steps changes nothing or 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -181,18 +181,31 @@ def _dump(doc: Mapping[str, Any]) -> str:
 
 
 class Searcher:
-    """Carries on a key's bisections; ``now_ms`` is the queue's time."""
+    """Carries on a key's bisections; ``now_ms`` is the queue's time. ``known_since``: when the
+    index began to know every task (ms): by default the index's marker (``since_ms``, when the
+    store was found new or emptied); the replay, which feeds the index its whole history, gives
+    the history's start."""
 
-    def __init__(self, store: Store, actions: QueueActions, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        actions: QueueActions,
+        now_ms: Callable[[], int],
+        known_since: Callable[[], Awaitable[int]] | None = None,
+    ) -> None:
         self.store = store
         self.actions = actions
         self.now_ms = now_ms
+        self.known_since = known_since or self._marker_since
         #: Whether the queue refused a rerun for lack of scope (said once in the log).
         self.refused = False
         #: Whether the queue refused to raise a priority (said once in the log).
         self.unraised = False
         #: Runs of the gap's pushes raised once the queue scheduled them: (taskId, runId).
         self.raised: set[tuple[str, int]] = set()
+
+    async def _marker_since(self) -> int:
+        return (await self.store.index_state(self.now_ms())).since_ms
 
     async def carry_on(self, key: str, primary: str) -> int:
         """Take every step of ``primary``'s search that can be taken now; how many."""
@@ -737,6 +750,18 @@ class Searcher:
                     primary,
                     ", ".join(against[:5]),
                 )
+            elif unseen := await self._unseen_below(doc, named, good, known):
+                verdict, named = Verdict.INCONCLUSIVE, None
+                floor, since = unseen
+                log.info(
+                    "bisection after %s: %s, below which no push was found failing, was created "
+                    "before the index began to know every task (%s: the store was new or "
+                    "emptied then); pushes between it and the first failing push may have "
+                    "ended unseen: inconclusive",
+                    primary,
+                    floor,
+                    format_time_ms(since),
+                )
         intermittent_primary = search.verdicts.get(n) is True
         moves: list[outbox.Move] = []
         stands_for: list[dict[str, Any]] = []
@@ -861,6 +886,32 @@ class Searcher:
                 finding["gap"],
             )
         return True
+
+    async def _unseen_below(
+        self,
+        doc: Mapping[str, Any],
+        named: int,
+        good: int | None,
+        known: Mapping[str, tuple[float, str]],
+    ) -> tuple[str, int] | None:
+        """Whether the index may not know every push between the culprit ``named`` and the
+        push below it that passed (the newest known to pass below the culprit, the last good
+        or the gap's floor; without any, the culprit itself) because that push was created
+        before the index began to know every task (the store was new, or emptied and rebuilt
+        from what was live then): pushes between it and the culprit may have ended unseen, and
+        one of them may have been the first to fail. ``(that push, when the index's knowledge
+        began)``, or None when the index knew of the key's tasks since before it."""
+        culprit = known.get(_task(doc, named), (float("nan"), ""))[0]
+        below = {t for t, (o, state) in known.items() if state == "completed" and o < culprit}
+        if good is not None:
+            below.add(_task(doc, good))
+        if doc.get("floor"):
+            below.add(str(doc["floor"][0]))
+        placed = [(known[t][0], t) for t in below if t in known and known[t][0] < culprit]
+        base = max(placed)[1] if placed else _task(doc, named)
+        since = await self.known_since()
+        created = await self.actions.created_ms(base)
+        return None if created is not None and created >= since else (base, since)
 
     async def _write(
         self,

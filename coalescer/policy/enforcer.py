@@ -119,7 +119,8 @@ async def connect(
 
 
 class Enforcer:
-    """Consumes outboxes until stopped. ``clock`` is the queue's time (tests drive it)."""
+    """Consumes outboxes until stopped. ``clock`` is the queue's time (tests drive it);
+    ``known_since``: see :class:`~coalescer.policy.bisecting.Searcher`."""
 
     def __init__(
         self,
@@ -133,6 +134,7 @@ class Enforcer:
         tick: float = 10.0,
         concurrency: int = 8,
         clock: Clock = utcnow,
+        known_since: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.store = store
         self.actions = actions
@@ -144,7 +146,7 @@ class Enforcer:
         self.clock = clock
         self._bound = asyncio.Semaphore(max(1, concurrency))
         self._next_tick = 0.0
-        self.searcher = Searcher(store, actions, self._now_ms)
+        self.searcher = Searcher(store, actions, self._now_ms, known_since)
 
     def _now_ms(self) -> int:
         return int(self.clock().timestamp() * 1000)

@@ -152,6 +152,10 @@ class PoolActions:
         self.pool.prioritize(i, top)
         return Result("raised")
 
+    async def created_ms(self, task_id: str) -> int | None:
+        assert self.pool is not None, "PoolActions used outside Pool.run"
+        return self.pool.tasks[self.pool.pos[task_id]].scheduled_ms
+
     async def cancel(self, entry: Entry) -> Result:
         pool, i, primary = self._at(entry)
         where = pool.where(i)
@@ -176,11 +180,17 @@ class PoolEnforcer:
     def __init__(self, store: Store, namespace: str = "") -> None:
         self.store = store
         self.actions = PoolActions(namespace)
-        self.enforcer = Enforcer(store, self.actions, consumer=CONSUMER, clock=self._clock)
+        self.enforcer = Enforcer(
+            store, self.actions, consumer=CONSUMER, clock=self._clock, known_since=self._since
+        )
         #: Keys whose outbox held entries when last looked at.
         self.busy: set[str] = set()
         #: Keys with a bisection under way when last looked at.
         self.searching: set[str] = set()
+
+    async def _since(self) -> int:
+        """The index is fed the whole history: it knows every task from the start."""
+        return 0
 
     def _clock(self) -> datetime:
         return datetime.fromtimestamp(self.actions.now_ms / 1000, UTC)

@@ -55,6 +55,10 @@ class Loop:
         #: the enforcer alike; None: the first run's scheduled time.
         self.rank_tag = rank_tag
         self.fed = 0
+        #: When the index began to know every task: this loop's start, marked at its first
+        #: feed as a service marks a new store when it starts (the searches trust that mark).
+        self.born_ms = self.now_ms()
+        self.marked = False
 
     def now_ms(self) -> int:
         return int(self.em.clock.now().timestamp() * 1000)
@@ -68,6 +72,9 @@ class Loop:
 
     async def feed(self) -> list[str]:
         """Apply every message published since the last feed, as the Pulse consumer would."""
+        if not self.marked:
+            await self.store.index_state(self.born_ms)
+            self.marked = True
         messages = list(self.em.published)[self.fed :]
         self.fed += len(messages)
         events = []

@@ -4,6 +4,8 @@ their dependency, run again (after what they lack) at the front of the queue."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from coalescer.emulator.harness import QueueEmulator
@@ -244,3 +246,47 @@ rules:
     [finding] = await bisections.for_task(loop.store, ["test"], t2)
     assert finding["culprit"] == {"taskId": t1, "runId": 0}
     assert finding["lastGood"] == {"taskId": t0, "runId": 0}
+
+
+async def test_no_culprit_is_named_over_pushes_an_emptied_index_never_saw(
+    queue_emulator: QueueEmulator, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = policy(
+        """
+rules:
+  - keys: "**"
+    strategy: latest-wins
+    on-primary-failure: bisect
+    bisect-confirm: 0
+"""
+    )
+    caplog.set_level(logging.INFO, "coalescer.policy")
+    loop = Loop(queue_emulator, store, rules)
+    good = loop.create()
+    good_claim = loop.claim(good)  # running on a worker through what follows
+    culprit = loop.create()
+    loop.resolve(loop.claim(culprit), "failed")
+    await enforce(loop, "e1")
+    # The store is emptied (a restart without persistence): the index knows every task only
+    # from now, as the marker says once a process finds it missing.
+    await loop.store.client.flushdb()
+    loop.em.clock.advance(60)
+    await loop.store.index_state(loop.now_ms())
+    loop.resolve(good_claim, "completed")
+    victim = loop.create()
+    primary = loop.create()
+    await enforce(loop, "e1")
+    assert await lineage_state(loop, "k", victim) == "held"
+    loop.resolve(loop.claim(primary), "failed")
+    await enforce(loop, "e1")
+    loop.resolve(loop.claim(victim), "failed")  # broken since the culprit, which it never saw
+    await enforce(loop, "e1")
+    [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    # The victim is the first failing push the index knows above the last good, but the
+    # culprit before it ended unseen: the search blames nobody.
+    assert finding["verdict"] == "inconclusive"
+    assert finding["culprit"] is None
+    assert finding["suspect"] == {"taskId": victim, "runId": 1}
+    assert finding["lastGood"] == {"taskId": good, "runId": 0}
+    said = [r.getMessage() for r in caplog.records if "ended unseen" in r.getMessage()]
+    assert len(said) == 1 and good in said[0]

@@ -73,6 +73,7 @@ async def gap_search(canceled: frozenset[int], m: int, culprit: int, parallel: i
     queue = CancelingQueue(key)
     pushes = [f"T{i:02d}{uuid.uuid4().hex[:18]}" for i in range(m + 1)]
     store = await open_store(REDIS_URL, grace_seconds=3600)
+    await store.index_state(queue.now)  # the index knows every task from here, as in service
     enforcer = Enforcer(
         store,
         queue,

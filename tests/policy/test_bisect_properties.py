@@ -58,6 +58,7 @@ class Queue:
         self.order: dict[str, float] = {}
         self.runs: dict[str, list[str]] = {}
         self.since: dict[str, int] = {}
+        self.created: dict[str, int] = {}
         self.events: list[TaskEvent] = []
         self.released: list[str] = []
         self.reruns: list[str] = []
@@ -67,6 +68,7 @@ class Queue:
 
     def create(self, task_id: str, order: float) -> None:
         self.order[task_id], self.runs[task_id] = order, []
+        self.created[task_id] = self.now
         self._new_run(task_id)
 
     def state(self, task_id: str) -> str:
@@ -148,6 +150,9 @@ class Queue:
     async def dependents(self, task_id: str) -> list[Relative]:
         return []
 
+    async def created_ms(self, task_id: str) -> int | None:
+        return self.created[task_id]
+
     async def prioritize(self, task_id: str) -> Result:
         if self.state(task_id) != "pending":
             raise AssertionError(f"{task_id} raised while {self.state(task_id)}")
@@ -183,6 +188,7 @@ async def search(
     for order, task_id in enumerate([*victims, primary]):
         queue.create(task_id, float(order))
     store = await open_store(REDIS_URL, grace_seconds=3600)
+    await store.index_state(queue.now)  # the index knows every task from here, as in service
     enforcer = Enforcer(
         store,
         queue,

@@ -365,7 +365,8 @@ async def gap(request: Request) -> Response:
     """``GET /v1/bisections/gap?key=K&before=C[&after=G]``: the tasks of ``K`` the index knows
     (pending, running or resolved, until their deadline passes) ordered strictly between task
     ``G`` and task ``C`` (below ``C`` when no ``after``), oldest first, each with its latest
-    run's state. 404 when the index does not know ``C`` or ``G`` under the key."""
+    run's state, and since when the index knows every task (``knownSince``, the marker's
+    time). 404 when the index does not know ``C`` or ``G`` under the key."""
     params = request.query_params
     key = model.check_key(params.get("key", ""))
     before = model.check_task_id(params.get("before", ""))
@@ -385,7 +386,8 @@ async def gap(request: Request) -> Response:
         {"taskId": r.task_id, "runId": r.run_id, "order": r.order, "state": r.state}
         for r in between
     ]
-    return JSON({"key": key, "tasks": tasks})
+    since = (await request.app.state.store.index_state(int(time.time() * 1000))).since_ms
+    return JSON({"key": key, "tasks": tasks, "knownSince": model.format_time_ms(since)})
 
 
 def role(finding: Mapping[str, Any], task_id: str) -> str | None:

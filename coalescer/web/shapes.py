@@ -88,9 +88,15 @@ def components(slugid: str) -> dict[str, Any]:
         },
         "BisectionGap": {
             "type": "object",
-            "required": ["key", "tasks"],
+            "required": ["key", "tasks", "knownSince"],
             "properties": {
                 "key": {"type": "string"},
+                "knownSince": {
+                    **INSTANT,
+                    "description": "since when the index knows every task (the store was new "
+                    "or emptied then; a rebuild restores only what was live): tasks that ended "
+                    "before it may be missing from the list",
+                },
                 "tasks": {
                     "type": "array",
                     "items": {

@@ -33,7 +33,15 @@ import httpx
 from coalescer.verdicts import DEFAULT_FLAKE
 from coalescer.worker import findings, notice, superseder
 from coalescer.worker.allow import AmbiguousUrl, canonical_url, url_allowed
-from coalescer.worker.claims import Claim, Clock, Connection, Keeper, claim_listed, utcnow
+from coalescer.worker.claims import (
+    Claim,
+    Clock,
+    Connection,
+    Keeper,
+    claim_listed,
+    parse_time,
+    utcnow,
+)
 from coalescer.worker.culprit import Finding, Search
 from coalescer.worker.notice import Why
 from coalescer.worker.protocol import (
@@ -387,7 +395,9 @@ class Shim:
     ) -> dict[str, tuple[float, str]] | None:
         """What the service's index knows of the key's tasks between ``after`` and ``before``
         (``GET /v1/bisections/gap``, no token needed): ``{taskId: (order, state)}``, None when
-        it cannot say."""
+        it cannot say: also when ``after`` (or, without it, ``before``) was created before the
+        index began to know every task (``knownSince``: the store was new or emptied since),
+        as tasks between may then have ended unseen."""
         try:
             at = self._findings_at(taskset, allowed=False)
             if at is None:
@@ -396,9 +406,19 @@ class Shim:
             async with asyncio.timeout(self.options.timeout):
                 response = await self.http.get(f"{at[1]}/gap", params=params)
             response.raise_for_status()
-            return {
-                t["taskId"]: (float(t["order"]), str(t["state"])) for t in response.json()["tasks"]
-            }
+            body = response.json()
+            base = after or before
+            since = parse_time(str(body["knownSince"]))
+            if parse_time(str(taskset.held[base].task["created"])) < since:
+                log.info(
+                    "the service's index knows every task of the key only since %s, after %s "
+                    "was created: tasks between it and %s may have ended unseen",
+                    body["knownSince"],
+                    base,
+                    before,
+                )
+                return None
+            return {t["taskId"]: (float(t["order"]), str(t["state"])) for t in body["tasks"]}
         except Exception as exc:  # it cannot say: the search's culprit stays a suspect
             log.info("the tasks between %s and %s not read: %s", after, before, exc)
             return None

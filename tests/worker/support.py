@@ -65,13 +65,16 @@ class Superseder:
     """``GET /<key>?taskId=`` answers ``lists[key]`` (default: just the taskId), or whatever
     ``answer`` returns when set. ``asked`` records ``(key, taskId)``. ``GET
     /v1/bisections/gap?key=`` answers ``between[key]`` as the tasks between (default: none;
-    None: 503, the service cannot say); ``gaps`` records the queries."""
+    None: 503, the service cannot say), known since ``known_since``; ``gaps`` records the
+    queries."""
 
     def __init__(self) -> None:
         self.lists: dict[str, list[str]] = {}
         self.answer: Answer | None = None
         self.asked: list[tuple[str, str]] = []
         self.between: dict[str, list[dict[str, Any]] | None] = {}
+        #: The gap's ``knownSince``: when the index began to know every task.
+        self.known_since = "2000-01-01T00:00:00.000Z"
         self.gaps: list[dict[str, str]] = []
         self.url = ""
 
@@ -81,7 +84,7 @@ class Superseder:
         tasks = self.between.get(params["key"], [])
         if tasks is None:
             return Response(b'{"error": "Redis is unreachable"}', status_code=503)
-        body = {"key": params["key"], "tasks": tasks}
+        body = {"key": params["key"], "tasks": tasks, "knownSince": self.known_since}
         return Response(orjson.dumps(body), media_type="application/json")
 
     async def endpoint(self, request: Request) -> Response:

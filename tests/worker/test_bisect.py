@@ -179,6 +179,23 @@ async def test_a_culprit_is_not_named_when_the_service_cannot_say_what_lies_betw
     assert (found.verdict, found.culprit, found.suspect) == ("inconclusive", None, (ids[2], 0))
 
 
+async def test_a_culprit_is_not_named_over_tasks_ended_before_the_index_knew_every_task(
+    queue_emulator: QueueEmulator, options: Options, tasks: Tasks, superseder: Superseder
+) -> None:
+    ids = [tasks.create() for _ in range(5)]
+    superseder.lists["k"] = ids
+    # The service's store was emptied after the tasks were created: tasks of the key that
+    # ended before then are unknown to it, whatever it lists between.
+    superseder.known_since = format_time(queue_emulator.clock.now() + timedelta(seconds=1))
+    async with make_shim(queue_emulator, bisecting(options, 0)) as shim:
+        report = await shim.run((await claim_work(shim))[0], Pushes(ids, first_bad=3))
+
+    found = report.bisection
+    assert found is not None and found.between == [UNKNOWN]
+    assert (found.verdict, found.culprit, found.suspect) == ("inconclusive", None, (ids[2], 0))
+    assert found.last_good == (ids[1], 0)
+
+
 async def test_a_confirmed_failure_narrows_and_an_intermittent_one_is_not_blamed(
     queue_emulator: QueueEmulator,
     options: Options,

@@ -13,6 +13,7 @@ import uvicorn
 from coalescer.emulator.harness import QueueEmulator
 from coalescer.settings import Settings
 from coalescer.store import Store
+from coalescer.store.keys import INDEX_STATE
 from coalescer.web.app import create_app
 from coalescer.worker import Claim, Options, Outcome, Superseded
 from coalescer.worker.protocol import COMPLETED
@@ -34,6 +35,10 @@ async def service(settings: Settings, store: Store) -> AsyncIterator[str]:
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     async with asyncio.timeout(10):
         while not server.started:  # noqa: ASYNC110 (uvicorn offers no event to wait on)
+            await asyncio.sleep(0.01)
+        # Its first look at the store marks when the index began to know every task: the
+        # tasks a test then creates are all known to it.
+        while not await store.client.exists(INDEX_STATE):  # noqa: ASYNC110 (as above)
             await asyncio.sleep(0.01)
     yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     server.should_exit = True

@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
+# apt-get waits for another one's package lock (a second set-up beside this one) instead of failing.
+APT := apt-get -o DPkg::Lock::Timeout=600
 # The same suite at the bottom of pyproject.toml's ranges: every direct dependency at its lower
 # bound (constraints-lowest.txt, a lowest-direct resolution made by `make lock`).
 LOWEST := .venv-lowest
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11+ is needed")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) \
 		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && rm -rf $(VENV) \
-			&& { apt-get -o DPkg::Lock::Timeout=600 update -qq; apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends python3-venv; } && $(PYTHON) -m venv $(VENV); } \
+			&& { $(APT) update -qq; $(APT) install -y -qq --no-install-recommends python3-venv; } && $(PYTHON) -m venv $(VENV); } \
 		|| { echo "python3 -m venv failed: install Debian's python3-venv (apt-get install python3-venv)"; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e .
@@ -88,7 +90,7 @@ test-taskcluster: $(TEST_STAMP)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
-	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq --no-install-recommends wrk; } \
+	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && $(APT) update -qq && $(APT) install -y -qq --no-install-recommends wrk; } \
 		|| { echo "make bench needs wrk: apt-get install wrk"; exit 1; }
 	@# The query against a bare Starlette endpoint: the rotating mix (the default), one URL, and
 	@# tc-coalesce's route against a model of tc-coalesce.

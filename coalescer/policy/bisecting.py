@@ -184,7 +184,7 @@ class Searcher:
     """Carries on a key's bisections; ``now_ms`` is the queue's time. ``known_since``: when the
     index began to know every task (ms): by default the index's marker (``since_ms``, when the
     store was found new or emptied); the replay, which feeds the index its whole history, gives
-    the history's start."""
+    0."""
 
     def __init__(
         self,

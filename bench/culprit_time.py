@@ -20,6 +20,11 @@ A congested synthetic day (``coalescer replay``'s options; the defaults are the 
   already running at the first failure can narrow the gap sooner, so a regression may be
   located faster than its floor (counted: ``under its floor``); the percentiles are what
   compare.
+* **Seen, not located, by cause** (:func:`unlocated`): the culprit's test, or the one of the
+  push before it, never ran because its dependency is broken (no run of any configuration can
+  locate it) or failed on its own; a search over it named an older culprit in the same gap (a
+  breakage fixed, then another: the search takes the first failing push, and the newer
+  breakage's failure is stood for by it); a search ended inconclusive; or none covered it.
 * **The runs on the way** (regressions whose time is at or above the configuration's p75):
   every run of the key's pushes in the gap (the failing one included) and of their
   dependencies that began between the first failing run and the culprit: how long each waited
@@ -168,6 +173,38 @@ def runs_on_the_way(
     return found
 
 
+#: Why a regression seen failing was not located (:func:`unlocated`), in the order tried.
+CAUSES = (
+    "its culprit's or the push before's dependency is broken: no run can tell",
+    "its culprit's or the push before's dependency failed (not broken)",
+    "a search named an older culprit in the same gap (a breakage fixed, then another)",
+    "a search ended inconclusive",
+    "no search covered it",
+)
+
+
+def unlocated(history: History, out: Outcome, regression: metrics.Regression) -> str:
+    """Why a regression seen failing and not located was not (one of :data:`CAUSES`)."""
+    culprit, before, broken = regression
+    tasks = history.tasks
+    pos = {t.task_id: i for i, t in enumerate(tasks)}
+
+    def deps(i: int) -> list[int]:
+        return [pos[d] for d in tasks[i].dependencies if d in pos]
+
+    if any(tasks[d].broken for i in (culprit, before) for d in deps(i)):
+        return CAUSES[0]
+    if any(out.state[d] == State.FAILED for i in (culprit, before) for d in deps(i)):
+        return CAUSES[1]
+    failing = {tasks[j].task_id for j in broken}
+    searches = [s for s in out.searches if tasks[s.primary].task_id in failing]
+    if any(s.culprit >= 0 and s.culprit != culprit for s in searches):
+        return CAUSES[2]
+    if any(s.suspect >= 0 for s in searches):
+        return CAUSES[3]
+    return CAUSES[4]
+
+
 def minutes(ms: float | None) -> str:
     return "-" if ms is None else f"{ms / MINUTE:.0f}m"
 
@@ -192,6 +229,7 @@ async def main() -> None:
     )
     tail: list[tuple[bool, int, int]] = []
     tail_rounds: list[int] = []
+    causes: defaultdict[str, int] = defaultdict(int)
     try:
         for seed in args.seeds:
             history = synthetic.generate(
@@ -220,6 +258,9 @@ async def main() -> None:
                 f"  {sum(t < 60 * MINUTE for t in times):>17}"
                 f"  {sum(f < 60 * MINUTE for f in floors):>15}  {under:>15}"
             )
+            for regression in seen:
+                if regression[0] not in located:
+                    causes[unlocated(history, out, regression)] += 1
             p75 = percentile(times, 0.75) or 0
             by_culprit = {r[0]: r for r in seen}
             for culprit, ms in located.items():
@@ -243,6 +284,9 @@ async def main() -> None:
             f"  {minutes(percentile(waits, 0.95)):>10}"
             f"  {minutes(statistics.median(r for _, r in picked)):>7}"
         )
+    print("\nseen failing, not located, by cause (every seed)")
+    for cause in CAUSES:
+        print(f"{causes[cause]:>4}  {cause}")
     if tail_rounds:
         counts: defaultdict[int, int] = defaultdict(int)
         for n in tail_rounds:

@@ -18,6 +18,7 @@ from coalescer.web.app import create_app
 from coalescer.worker import Claim, Options, Outcome, Superseded
 from coalescer.worker.protocol import COMPLETED
 from coalescer.worker.shim import KEEP_IDLE_SECONDS
+from tests.policy.support import eventually
 from tests.worker.support import DockerWorkerRules, Tasks, claim_work, make_shim
 
 pytestmark = pytest.mark.integration
@@ -36,10 +37,9 @@ async def service(settings: Settings, store: Store) -> AsyncIterator[str]:
     async with asyncio.timeout(10):
         while not server.started:  # noqa: ASYNC110 (uvicorn offers no event to wait on)
             await asyncio.sleep(0.01)
-        # Its first look at the store marks when the index began to know every task: the
-        # tasks a test then creates are all known to it.
-        while not await store.client.exists(INDEX_STATE):  # noqa: ASYNC110 (as above)
-            await asyncio.sleep(0.01)
+    # Its first look at the store marks when the index began to know every task: the tasks a
+    # test then creates are all known to it.
+    await eventually(lambda: store.client.exists(INDEX_STATE))
     yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     server.should_exit = True
     await serving

@@ -30,7 +30,7 @@ A congested synthetic day (``coalescer replay``'s options; the defaults are the 
   dependencies that began between the first failing run and the culprit: how long each waited
   to start once pending, and how long it ran, builds (dependencies) and tests apart.
 
-    .venv/bin/python bench/culprit_time.py [--seeds 0 1 2] [--config CONFIG]
+    .venv/bin/python bench/culprit_time.py [--seeds 0 1 2] [--config CONFIG] [--flaky SHARE:RATE]
 """
 
 from __future__ import annotations
@@ -219,7 +219,9 @@ async def main() -> None:
     parser.add_argument("--test-workers", type=int, default=3)
     parser.add_argument("--regressions", type=float, default=0.05)
     parser.add_argument("--intermittent", type=float, default=0.02)
+    parser.add_argument("--flaky", default="", metavar="SHARE:RATE")
     args = parser.parse_args()
+    flaky_share, flaky_rate = synthetic.parse_flaky(args.flaky)
     config = runner.Config.parse(args.config)
     store = await open_store(None, grace_seconds=0)
     print(f"{config.name}; failing run to culprit, and the floor any search has on this pool\n")
@@ -240,6 +242,8 @@ async def main() -> None:
                     test_workers=args.test_workers,
                     regression_rate=args.regressions,
                     intermittent_rate=args.intermittent,
+                    flaky_share=flaky_share,
+                    flaky_rate=flaky_rate,
                     seed=seed,
                 )
             )

@@ -4,8 +4,11 @@ A primary failed; it held ``n`` older tasks of its key (the *victims*, ``0 .. n-
 first); the primary is push ``n``. Which push broke it? Run the middle one: if it fails, the
 first failing push is it or older; if it passes, newer. :class:`Bisection` keeps what is known:
 
-* ``good``: the newest push known to pass (-1: none), ``bad``: the oldest known to fail (``n``
-  at the start: the primary).
+* ``good``: the newest push known to pass (-1: none), ``bad``: the oldest known to fail above
+  it (``n`` at the start: the primary). A gap can hold more than one breakage (a push broke
+  the key, a later one fixed it, another broke it again): a pass seen above a failure (runs at
+  once, results in any order) means the primary's breakage began above that pass, and the
+  search goes on there; the older failure is another breakage, fixed since.
 * :meth:`Bisection.next` says what to run (:class:`Probe`: a push and its attempt), and
   :meth:`Bisection.record` takes the result. Once ``bad - good == 1`` among the pushes still
   in the search, ``bad`` is the culprit and ``good`` the last good push.
@@ -19,8 +22,10 @@ first failing push is it or older; if it passes, newer. :class:`Bisection` keeps
   *intermittent* and good; a push still short of ``confidence`` once the reruns are spent
   counts as failed, and the search's verdict is then *inconclusive*. With ``confirm`` 0 every
   failure is trusted. The primary's own failure is confirmed first (when there is anything to
-  search): if its confirmation passes, no push failed for good (the verdict is *flaky*), and
-  the primary's result stands for every victim.
+  search): if its confirmation passes and no push failed for good (the verdict is *flaky*),
+  the primary's result stands for every victim. A push that failed for good beside it (runs
+  at once) is a breakage the primary's push fixed: the search goes on below it
+  (:attr:`Bisection.top`), and the primary stands for the victims above it.
 * :meth:`Bisection.drop` takes a push out of the search that gave no verdict (its claim was
   lost, its deadline came, it ended in an exception): it runs itself, stood for by nobody.
 
@@ -32,7 +37,8 @@ rounds of at most p pushes each.
 
 What stands for a victim that did not run (:func:`stand_ins`): older than the last good, the
 last good push (its pass stands for the older ones); newer than the culprit, the culprit (its
-failure does); nothing for a dropped one.
+failure does), up to :attr:`Bisection.top`; above that, the primary (its pass: its failure did
+not come back); nothing for a dropped one.
 """
 
 from __future__ import annotations
@@ -172,8 +178,8 @@ class Bisection:
         out = [Probe(i, self._failures[i]) for i in confirming if i not in running][:slots]
         if self.n not in self.verdicts and (self.parallel == 1 or self.n not in self._failures):
             return out  # the primary is being confirmed (one at a time), or was dropped
-        if self.verdicts.get(self.n) is True:
-            return out  # the primary's failure was intermittent
+        if self.top is None:
+            return out  # the primary's failure was intermittent, and nothing failed for good
         # The slots not taken by confirmations split what is left, those running included: a
         # push handed out before is one of the points, not a reason to move them. Pushes
         # running elsewhere in it (handed out beside a confirmation that has ended since) are
@@ -215,14 +221,21 @@ class Bisection:
 
     def _verdict(self, index: int, passed: bool) -> None:
         self.verdicts[index] = passed
-        if index == self.n:
-            return  # the primary: bad already, or intermittent (then the search is over)
-        # Results that came back out of order narrow only within what is left: a pass newer
-        # than the first failure (or a failure older than the last pass) contradicts them.
-        if passed and index < self.bad:
-            self.good = max(self.good, index)
-        elif not passed and index > self.good:
-            self.bad = min(self.bad, index)
+        top = self.top
+        if top is None:
+            return  # nothing failed for good: no breakage to search for
+        self.good = max((i for i, ok in self.verdicts.items() if ok and i < top), default=-1)
+        self.bad = min(
+            (i for i, ok in self.verdicts.items() if not ok and self.good < i <= top), default=top
+        )
+
+    @property
+    def top(self) -> int | None:
+        """The push whose breakage the search looks for: the primary; once its failure did
+        not come back, the newest push below it that failed for good (None: none did)."""
+        if self.verdicts.get(self.n) is not True:
+            return self.n
+        return max((i for i, ok in self.verdicts.items() if ok is False), default=None)
 
     def trust(self, index: int) -> None:
         """Believe the failure of push ``index`` that awaits a confirmation as it stands (the
@@ -247,22 +260,24 @@ class Bisection:
 
     @property
     def culprit(self) -> int | None:
-        """The oldest push that failed for good, once the search is over; None while it runs,
-        when the primary's failure was intermittent, or when the primary was dropped."""
-        if not self.done or self.verdicts.get(self.n) is not False:
+        """Where the breakage the search found began: the oldest push that failed for good
+        above the last good, once the search is over; None while it runs, when nothing failed
+        for good (the primary's failure was intermittent), or when the primary was dropped."""
+        if not self.done or self.top is None or self.n in self.dropped:
             return None
         return self.bad
 
     @property
     def verdict(self) -> Verdict | None:
         """How the search ended (None while it runs): a culprit sure enough, *flaky* (the
-        primary's failure did not come back) or *inconclusive* (the culprit's failure not sure
-        enough once its reruns were spent, or the primary taken out of the search)."""
+        primary's failure did not come back, and no push failed for good) or *inconclusive*
+        (the culprit's failure not sure enough once its reruns were spent, or the primary
+        taken out of the search)."""
         if not self.done:
             return None
-        if self.verdicts.get(self.n) is True:
-            return Verdict.FLAKY
         culprit = self.culprit
+        if culprit is None and self.verdicts.get(self.n) is True:
+            return Verdict.FLAKY
         if culprit is None or culprit in self.unsure or (self.confirm and self.n in self.unsure):
             return Verdict.INCONCLUSIVE
         return Verdict.CULPRIT
@@ -283,10 +298,10 @@ class Bisection:
     def keep(self) -> set[int]:
         """The pushes that ran and may yet stand for others, or are being confirmed: their
         claims stay held. Any other push that ran can be resolved with its own result."""
-        if self.verdicts.get(self.n) is True:
-            return {self.n}
-        held = {self.bad, self.good} - {-1}
-        return held | set(self._failures)
+        primary = {self.n} if self.verdicts.get(self.n) is True else set()
+        if self.top is None:
+            return primary
+        return primary | ({self.bad, self.good} - {-1}) | set(self._failures)
 
 
 def _cut(left: list[int], cuts: list[int], more: int) -> list[int]:
@@ -317,7 +332,8 @@ def stand_ins(search: Bisection) -> dict[int, int]:
         raise ValueError("the search is not over")
     ran, out = search.ran, search.dropped
     waiting = [i for i in range(search.n) if i not in ran and i not in out]
-    if search.verdicts.get(search.n) is True:  # intermittent primary: it stands for all
+    top = search.top
+    if top is None:  # intermittent primary, nothing failed for good: it stands for all
         return dict.fromkeys(waiting, search.n)
     if search.culprit is None:
         return {}
@@ -325,6 +341,8 @@ def stand_ins(search: Bisection) -> dict[int, int]:
     for i in waiting:
         if i < search.good:
             found[i] = search.good
+        elif i > top:  # above a breakage a passing primary fixed: the primary stands
+            found[i] = search.n
         elif i > search.bad:
             found[i] = search.bad
     return found

@@ -362,6 +362,32 @@ async def test_a_primary_whose_failure_does_not_come_back_stands_for_what_it_hel
     assert loop.last_run(newer)["state"] == "pending"  # the newest push, left to run
 
 
+async def test_a_breakage_found_beside_a_flaky_primary_is_located_and_the_primary_stands_above(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    """The primary's failure does not come back, but the push probed beside its confirmation
+    fails twice: pushes 2 and 3 were broken and the primary's push is past the fix. The search
+    locates that breakage; the pushes above it are stood for by the primary's passing run."""
+    loop = confirming(queue_emulator, store, parallel=2)
+    victims, primary = await held_then_failed(loop)
+    pushes = [*victims, primary]
+    ran = await work_all(loop, pushes, lambda i, run: i in (2, 3) or (i == 8 and run == 0))
+    assert ran[:2] == [f"{victims[3]}/1", f"{primary}/1"]
+    assert runs_of(loop, primary) == [("failed", "failed"), ("completed", "completed")]
+    [finding] = await bisections.for_task(loop.store, ["k"], primary)
+    assert finding["verdict"] == "culprit"
+    assert finding["culprit"] == {"taskId": victims[2], "runId": 2}
+    assert finding["lastGood"] == {"taskId": victims[1], "runId": 1}
+    assert finding["intermittent"] == [{"taskId": primary, "runId": 0}]
+    for i in (4, 5, 6, 7):
+        assert loop.artifact(victims[i], 0, "public/superseded-by.json") == {
+            "taskId": primary,
+            "runId": 1,
+        }
+        assert await state(loop, victims[i]) == "superseded"
+    assert (await outbox.outstanding(loop.store, ["k"]))["k"] == (0, 0)
+
+
 async def test_without_the_rerun_scope_failures_are_trusted_and_said_once(
     queue_emulator: QueueEmulator, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -312,3 +312,98 @@ def test_results_in_any_order_name_the_first_failing_push(
     assert found.done and not running
     assert found.named == first_bad
     assert found.last_good == (first_bad - 1 if first_bad else None)
+
+
+def test_a_pass_above_a_failure_moves_the_search_to_the_newer_breakage() -> None:
+    """Two breakages in one gap: pushes 1-2 broken, 3 fixed them, 5 on broken again. The
+    second probe passes above the first one's failure: the primary's breakage began above
+    that pass, and the search looks for it there."""
+    found = Bisection.start(8, 0, T0, parallel=2)
+    assert found.probes() == [Probe(2, 0), Probe(5, 0)]
+    found.record(2, False)
+    assert found.good == -1 and found.bad == 2
+    found.record(5, False)
+    assert found.probes() == [Probe(0, 0), Probe(1, 0)]
+    found.record(1, False)
+    found.record(0, True)
+    assert found.culprit == 1  # where the breakage seen first began
+    found = Bisection.start(8, 0, T0, parallel=2)
+    found.record(2, False)
+    found.record(5, True)  # the breakage at 1-2 was fixed: the primary's is newer
+    assert (found.good, found.bad) == (5, 8)
+    assert found.probes() == [Probe(6, 0), Probe(7, 0)]
+    found.record(6, False)
+    found.record(7, False)
+    assert found.done and found.named == 6 and found.last_good == 5
+    assert stand_ins(found) == {0: 5, 1: 5, 3: 5, 4: 5}
+
+
+def test_a_failure_that_stays_below_a_flaky_primary_is_still_searched() -> None:
+    """The primary's failure does not come back, but a push the search ran beside its
+    confirmation failed for good: a breakage the primary's push fixed, searched for below
+    that push; the pushes above it are stood for by the primary, which passed."""
+    found = Bisection.start(8, 1, T0, parallel=2)
+    assert found.probes() == [Probe(8, 1), Probe(3, 0)]
+    found.record(8, True)
+    found.record(3, False)
+    assert found.verdict is None and found.probes() == [Probe(3, 1)]
+    found.record(3, False)
+    assert found.top == 3 and (found.good, found.bad) == (-1, 3)
+    while probes := found.probes():
+        for probe in probes:
+            found.record(probe.index, probe.index < 2)
+    assert found.verdict is Verdict.CULPRIT and found.named == 2 and found.last_good == 1
+    assert found.intermittent == {8}
+    assert stand_ins(found) == {4: 8, 5: 8, 6: 8, 7: 8}  # 0 and 1 ran
+    assert 8 in found.keep
+
+
+@st.composite
+def breakages(draw: st.DrawFn) -> tuple[int, list[bool], int, int]:
+    """Pushes ``0 .. n`` broken in stretches (``broken[i]``), runs at once, reruns allowed. The
+    primary (push ``n``) failed its first run: it is broken, or (with reruns to tell) that
+    failure was intermittent."""
+    n = draw(st.integers(1, 40))
+    confirm = draw(st.integers(0, 2))
+    broken = draw(st.lists(st.booleans(), min_size=n + 1, max_size=n + 1))
+    if not confirm:
+        broken[n] = True  # a failure taken at its word: nothing tells it was intermittent
+    return n, broken, draw(st.integers(1, 5)), confirm
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=breakages(), data=st.data())
+def test_the_culprit_is_where_a_breakage_began_above_every_pass_the_search_saw(
+    case: tuple[int, list[bool], int, int], data: st.DataObject
+) -> None:
+    """Any number of breakages and fixes in the gap, results in any order: a culprit named
+    is where a breakage began (the push before it passed), at or below the newest push that
+    failed for good, and above every push the search saw pass below that one. The search
+    blames nobody only when nothing failed for good."""
+    n, broken, parallel, confirm = case
+    found = Bisection.start(n, confirm, T0, parallel=parallel)
+    running: set[int] = set()
+    for _ in range(1000):
+        running |= {probe.index for probe in found.probes(running)}
+        if not running:
+            break
+        index = data.draw(st.sampled_from(sorted(running)), label="result of")
+        running.discard(index)
+        found.record(index, not broken[index])
+    assert found.done
+    failed = [i for i, ok in found.verdicts.items() if ok is False]
+    top = found.top
+    assert top == (n if broken[n] else max(failed, default=None))
+    stood = stand_ins(found)
+    if top is None:
+        assert found.verdict is Verdict.FLAKY and found.named is None
+        assert stood == {i: n for i in range(n) if i not in found.ran}
+        return
+    culprit, good = found.named, found.last_good
+    assert culprit is not None and found.verdict is Verdict.CULPRIT
+    assert culprit <= top
+    assert broken[culprit] and (good == culprit - 1 if culprit else good is None)
+    assert not broken[culprit - 1] if culprit else True
+    assert all(i < culprit for i, ok in found.verdicts.items() if ok and i < top)
+    for victim, push in stood.items():
+        assert push == (good if victim < culprit else culprit if victim < top else n)

@@ -22,6 +22,7 @@ the primary's passing run stands for every victim that did not run.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import time
@@ -90,9 +91,16 @@ def environment(redis_url: str, root: str, policy_file: Path) -> dict[str, str]:
 
 
 async def until(check: Any, procs: Processes, within: float, what: str) -> None:
-    """Poll ``check`` (a function returning a bool, run in a thread) until true."""
+    """Poll ``check`` (a function returning a bool, run in a thread, or a coroutine function)
+    until true."""
     give_up = time.monotonic() + within
-    while not await asyncio.to_thread(check):
+
+    async def holds() -> bool:
+        if inspect.iscoroutinefunction(check):
+            return bool(await check())
+        return bool(await asyncio.to_thread(check))
+
+    while not await holds():
         procs.check_alive()
         if time.monotonic() > give_up:
             logs = {n: procs.output(n)[-2500:] for n in procs.procs}
@@ -263,7 +271,12 @@ async def bisected(
         return response.status_code == 200 and bool(response.json().get("bisection"))
 
     await until(over, procs, 60, "the bisection to end and every push to be resolved")
-    assert (await outbox.outstanding(store, [KEY]))[KEY] == (0, 0)  # nothing held or searched
+
+    async def drained() -> bool:
+        # The last queue calls are acknowledged in the store just after the queue saw them.
+        return (await outbox.outstanding(store, [KEY]))[KEY] == (0, 0)
+
+    await until(drained, procs, 30, "nothing left held, searched or to do")
     return runs, ids
 
 

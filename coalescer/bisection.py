@@ -298,10 +298,10 @@ class Bisection:
     def keep(self) -> set[int]:
         """The pushes that ran and may yet stand for others, or are being confirmed: their
         claims stay held. Any other push that ran can be resolved with its own result."""
-        primary = {self.n} if self.verdicts.get(self.n) is True else set()
-        if self.top is None:
-            return primary
-        return primary | ({self.bad, self.good} - {-1}) | set(self._failures)
+        held = {self.n} if self.verdicts.get(self.n) is True else set()
+        if self.top is not None:
+            held |= {self.bad, self.good} - {-1}
+        return held | set(self._failures)
 
 
 def _cut(left: list[int], cuts: list[int], more: int) -> list[int]:

@@ -347,6 +347,7 @@ def test_a_failure_that_stays_below_a_flaky_primary_is_still_searched() -> None:
     found.record(8, True)
     found.record(3, False)
     assert found.verdict is None and found.probes() == [Probe(3, 1)]
+    assert found.keep == {3, 8}  # the failure awaiting its confirmation is held too
     found.record(3, False)
     assert found.top == 3 and (found.good, found.bad) == (-1, 3)
     while probes := found.probes():

@@ -231,6 +231,7 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
     from coalescer.ingest import amqp
     from coalescer.ingest.pulse import Consumer
     from coalescer.ingest.record import Recorder
+    from coalescer.ingest.verify import Verifier
     from coalescer.observe import Observer
     from coalescer.store import open_store
 
@@ -242,6 +243,7 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
     # Says in the log when Redis stops taking writes, may evict keys, or was emptied.
     supervisor = Supervisor(Health())
     supervisor.every("watch-store", 5.0, functools.partial(watch_store, store, supervisor.health))
+    verifier = Verifier.from_settings(settings, store)
     try:
         consumer = Consumer(
             settings,
@@ -253,10 +255,13 @@ async def _listen_async(args: argparse.Namespace, settings: Settings) -> int:
             batch_wait=args.batch_wait_ms / 1000,
             drain_timeout=args.drain_timeout,
             recorder=recorder,
+            verifier=verifier,
         )
         await consumer.run(stop)
     finally:
         await supervisor.stop()
+        if verifier is not None:
+            await verifier.close()
         await store.close()
         if recorder is not None:
             recorder.close()

@@ -29,7 +29,7 @@ import os
 import socket
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -46,6 +46,9 @@ from coalescer.observe import HELD, Observer, store_failed
 from coalescer.settings import Settings, redact_url
 from coalescer.store import Store
 from coalescer.store.census import Limits
+
+if TYPE_CHECKING:
+    from coalescer.ingest.verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,7 @@ class Consumer:
         reconnect_interval: float = 2.0,
         connection_name: str | None = None,
         recorder: Recorder | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         if settings.pulse_url is None:
             raise ConfigError("PULSE_URL is not set: nothing to listen to")
@@ -112,6 +116,8 @@ class Consumer:
             f"coalescer {socket.gethostname()} pid {os.getpid()}"
         )
         self.recorder = recorder
+        #: Checks events of runs scheduled before the store was emptied against the queue.
+        self.verifier = verifier
         self.bindings = topology.bindings(settings.route_prefix, settings.taskcluster_root_url)
         self.session: amqp.Session | None = None
         #: Set once the queue is bound and consumed: what is published from then on arrives.
@@ -321,6 +327,9 @@ class Consumer:
         batch, outcomes, events, messages, slots = decoded
         for i, outcome in zip(slots, await self._apply(events) if events else [], strict=True):
             outcomes[i] = outcome
+        if self.verifier is not None:
+            applied = [ev for ev, i in zip(events, slots, strict=True) if outcomes[i] == "applied"]
+            await self.verifier.check(applied, limits=self._limits)
         if self.recorder is not None:
             self.recorder.record(
                 m for m, i in zip(messages, slots, strict=True) if outcomes[i] not in SET_ASIDE
@@ -451,10 +460,18 @@ class Listener:
         observer: Observer,
         supervisor: Supervisor,
         recorder: Recorder | None = None,
+        verifier: Verifier | None = None,
     ) -> Listener:
         # A one-machine setup (the emulator's bare RabbitMQ) may lack the exchanges; on Pulse
         # they exist, so nothing is ever declared there.
-        consumer = Consumer(settings, store, observer, declare_exchanges=True, recorder=recorder)
+        consumer = Consumer(
+            settings,
+            store,
+            observer,
+            declare_exchanges=True,
+            recorder=recorder,
+            verifier=verifier,
+        )
         return cls(consumer, supervisor)
 
     async def _run(self) -> None:

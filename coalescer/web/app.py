@@ -173,8 +173,11 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             app.state.recorder = Recorder(settings.record_file, settings.record_max_bytes)
         if settings.taskcluster_root_url is not None:  # learns unknown tasks from the queue
             from coalescer.ingest.learn import Learner
+            from coalescer.ingest.verify import Verifier
 
             app.state.learner = Learner.from_settings(settings, app.state.store)
+            # Checks events of runs scheduled before the store was emptied (ingest.verify).
+            app.state.verifier = Verifier.from_settings(settings, app.state.store)
         logs.adopt_uvicorn()
         supervisor = Supervisor(app.state.health)
         supervisor.every("flush", FLUSH_SECONDS, app.state.observer.flush)
@@ -196,7 +199,12 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             from coalescer.ingest.pulse import Listener
 
             listener = Listener.start(
-                settings, app.state.store, app.state.observer, supervisor, app.state.recorder
+                settings,
+                app.state.store,
+                app.state.observer,
+                supervisor,
+                app.state.recorder,
+                app.state.verifier,
             )
         enforcer = None
         if app.state.store.embedded:
@@ -229,6 +237,9 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             if app.state.learner is not None:
                 await app.state.learner.close()
                 app.state.learner = None
+            if app.state.verifier is not None:
+                await app.state.verifier.close()
+                app.state.verifier = None
             if app.state.recorder is not None:
                 app.state.recorder.close()
                 app.state.recorder = None
@@ -277,6 +288,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
     app.state.settings = settings
     app.state.commit = settings.source_commit
     app.state.learner = None  # set by the lifespan when TASKCLUSTER_ROOT_URL is (ingest.learn)
+    app.state.verifier = None  # likewise (ingest.verify)
     app.state.health = Health()
     app.state.recorder = None  # set by the lifespan when COALESCER_RECORD_FILE is
     if store is not None:  # usable without running the lifespan (ASGITransport tests)

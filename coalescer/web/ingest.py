@@ -142,12 +142,16 @@ async def post_events(request: Request) -> Response:
             events.append(event)
             messages.append(message)
             slots.append(i)
+    limits = Limits(settings.max_keys, settings.max_tasks)
     try:
         outcomes = await request.app.state.store.apply(
-            events, policy=settings.policy, limits=Limits(settings.max_keys, settings.max_tasks)
+            events, policy=settings.policy, limits=limits
         )
     except StoreUnavailable as exc:
         return _unavailable(exc, results, slots, events)
+    applied = [ev for ev, outcome in zip(events, outcomes, strict=True) if outcome == "applied"]
+    if (verifier := request.app.state.verifier) is not None:
+        await verifier.check(applied, limits=limits)
     if (recorder := request.app.state.recorder) is not None:
         recorder.record(messages)
     for i, event, outcome in zip(slots, events, outcomes, strict=True):
@@ -157,6 +161,6 @@ async def post_events(request: Request) -> Response:
         "http",
         [r["status"] for r in results],
         exchanges,
-        applied=[ev for ev, outcome in zip(events, outcomes, strict=True) if outcome == "applied"],
+        applied=applied,
     )
     return JSON({"results": results})

@@ -14,8 +14,8 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, cast
 from urllib.parse import urlparse
 
 import aio_pika
@@ -26,6 +26,8 @@ import taskcluster
 from coalescer.errors import ConfigError, StoreUnavailable
 from coalescer.ingest.pulse import Consumer
 from coalescer.ingest.topology import bindings, dead_letter_names, queue_arguments
+from coalescer.ingest.verify import Verifier
+from coalescer.model import TaskEvent
 from coalescer.observe import Observer
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
@@ -260,6 +262,32 @@ async def test_messages_on_the_real_exchanges_reach_the_index(
     stats = await store.stats()
     assert stats["events_applied"] == "3" and stats["total_msgs_handled"] == "3"
     assert await broker.depth() == 0
+
+
+class Checked:
+    """A verifier that keeps what it was given to check (``coalescer.ingest.verify``)."""
+
+    def __init__(self) -> None:
+        self.events: list[TaskEvent] = []
+
+    async def check(self, applied: Sequence[TaskEvent], *, limits: Any = None) -> int:
+        self.events += applied
+        return 0
+
+
+async def test_what_the_consumer_applied_is_checked_against_the_queue(
+    pulse_settings: Settings, store: Store, broker: Broker, prefix: str
+) -> None:
+    a, b = ids(2)
+    checked = Checked()
+    consumer = make_consumer(pulse_settings, store, verifier=cast(Verifier, checked))
+    first = make_message(a, routes=routes(prefix, "x"), scheduled=at(1))
+    async with consuming(consumer):
+        await broker.publish_all([first, make_message(b, routes=routes(prefix, "x"))])
+        await eventually(lambda: _handled(store, 2), what="two messages handled")
+        await broker.publish_all([first])  # stale: applied nowhere, nothing to check
+        await eventually(lambda: _handled(store, 3), what="the duplicate handled")
+    assert sorted(e.task_id for e in checked.events) == sorted([a, b])
 
 
 async def _equals(got: Awaitable[Any], expected: Any) -> bool:

@@ -28,8 +28,8 @@ import logging
 import os
 import socket
 from collections import deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import orjson
 
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from coalescer.ingest.verify import Verifier
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Outcomes of a delivery that is set aside in the dead-letter queue instead of acknowledged.
 SET_ASIDE = frozenset({"invalid", "dead-lettered"})
@@ -327,9 +329,10 @@ class Consumer:
         batch, outcomes, events, messages, slots = decoded
         for i, outcome in zip(slots, await self._apply(events) if events else [], strict=True):
             outcomes[i] = outcome
-        if self.verifier is not None:
+        if (verifier := self.verifier) is not None:
             applied = [ev for ev, i in zip(events, slots, strict=True) if outcomes[i] == "applied"]
-            await self.verifier.check(applied, limits=self._limits)
+            # Held as the events were: applied and not checked, a stale state could stay.
+            await self._held(lambda: verifier.check(applied, limits=self._limits), len(applied))
         if self.recorder is not None:
             self.recorder.record(
                 m for m, i in zip(messages, slots, strict=True) if outcomes[i] not in SET_ASIDE
@@ -357,24 +360,29 @@ class Consumer:
             return [await self._isolated(ev) for ev in events]
 
     async def _apply_held(self, events: Sequence[TaskEvent]) -> list[str]:
+        async def apply() -> list[str]:
+            return list(
+                await self.store.apply(events, policy=self.settings.policy, limits=self._limits)
+            )
+
+        return await self._held(apply, len(events))
+
+    async def _held(self, write: Callable[[], Awaitable[_T]], events: int) -> _T:
+        """``write()``, held and retried with back-off while the store is unavailable."""
         backoff = Backoff(0.2, maximum=30.0)
         try:
             while True:
                 try:
-                    return list(
-                        await self.store.apply(
-                            events, policy=self.settings.policy, limits=self._limits
-                        )
-                    )
+                    return await write()
                 except StoreUnavailable as exc:
                     store_failed(exc)
-                    HELD.set(len(events))
+                    HELD.set(events)
                     delay = backoff.next()
                     self._held_log.log(
                         logging.WARNING,
                         "store unavailable (%s); holding %d events, retrying in %.1f s: %s",
                         exc.reason,
-                        len(events),
+                        events,
                         delay,
                         exc,
                     )

@@ -17,8 +17,9 @@ emptying found only then dates the marker now, so nothing applied before it esca
 Runs scheduled since the marker's time were seen whole by this store: they cost one marker
 read per batch and nothing more.
 
-Whatever goes wrong (the queue slow, down, not knowing the task) the events stay applied as
-they came, which is what the index holds without this check, and the log says why. A queue
+Whatever goes wrong with the queue (slow, down, not knowing the task) the events stay applied
+as they came, which is what the index holds without this check, and the log says why; a store
+that is unavailable is the caller's to wait for, as it waits to apply events. A queue
 that does not answer within :data:`TIMEOUT` is not asked again for :data:`PAUSE` seconds, so
 that a queue outage does not slow ingestion down batch after batch.
 """
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from taskcluster.exceptions import TaskclusterFailure
 
-from coalescer.errors import InvalidEvent, StoreError
+from coalescer.errors import InvalidEvent
 from coalescer.ingest.events import status_event
 from coalescer.ingest.reconcile import StatusFetcher, queue_fetcher
 from coalescer.logs import Throttled
@@ -121,7 +122,9 @@ class Verifier:
             await self._session.close()
 
     async def check(self, applied: Sequence[TaskEvent], *, limits: Limits | None = None) -> int:
-        """Check events just applied; how many tasks the queue's state corrected."""
+        """Check events just applied; how many tasks the queue's state corrected. Raises
+        :class:`~coalescer.errors.StoreUnavailable` when the store cannot be read or written:
+        the caller holds and retries the check as it holds events."""
         if not applied or time.monotonic() < self._paused_until:
             return 0
         try:
@@ -134,7 +137,7 @@ class Verifier:
             if not fixed:
                 return 0
             outcomes = await self.store.apply(fixed, policy=self.policy, limits=limits)
-        except (StoreError, TaskclusterFailure, aiohttp.ClientError, TimeoutError) as exc:
+        except (TaskclusterFailure, aiohttp.ClientError, TimeoutError) as exc:
             self._paused_until = time.monotonic() + PAUSE
             self._failed.log(
                 logging.WARNING,

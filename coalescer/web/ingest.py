@@ -12,6 +12,7 @@ per message, what was applied and what is ``unavailable``.
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any
 
 import orjson
@@ -30,6 +31,8 @@ from coalescer.model import TaskEvent
 from coalescer.observe import store_failed
 from coalescer.store.census import Limits
 from coalescer.web.responses import JSON, error
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGES = 1000
 #: nginx's "client closed request": logged as such, not an error of the service.
@@ -151,7 +154,11 @@ async def post_events(request: Request) -> Response:
         return _unavailable(exc, results, slots, events)
     applied = [ev for ev, outcome in zip(events, outcomes, strict=True) if outcome == "applied"]
     if (verifier := request.app.state.verifier) is not None:
-        await verifier.check(applied, limits=limits)
+        try:
+            await verifier.check(applied, limits=limits)
+        except StoreUnavailable as exc:
+            # Applied, not checked: said, and left to `coalescer reconcile`.
+            log.warning("could not check %d applied events: %s", len(applied), exc)
     if (recorder := request.app.state.recorder) is not None:
         recorder.record(messages)
     for i, event, outcome in zip(slots, events, outcomes, strict=True):

@@ -177,3 +177,29 @@ async def test_the_ingest_endpoint_checks_what_it_applied(
         assert await state(store, task_id) == (0, "failed")
     finally:
         await app.state.verifier.close()
+
+
+async def test_a_store_that_cannot_be_read_is_the_callers_to_wait_for(
+    queue_emulator: QueueEmulator, redis_server: RedisServer, store: Store
+) -> None:
+    em = queue_emulator
+    task_id = em.create_task(routes=[f"coalesce.v1.{KEY}"])
+    pending = event(em, "task-pending", task_id)
+    redis_server.restart_empty()
+    await apply(store, [pending])
+
+    async with taskcluster.aio.createSession() as session:
+        fetch = Counted(em, session)
+        verifier = Verifier(store, fetch)
+        redis_server.kill()
+        with pytest.raises(StoreUnavailable):
+            await verifier.check([pending])
+        redis_server.start()
+        # Not paused: the caller's retry checks the events (ingest holds them meanwhile).
+        for _ in range(50):
+            try:
+                assert await verifier.check([pending]) == 0  # the queue has it pending too
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.1)
+        assert fetch.asked == [task_id]

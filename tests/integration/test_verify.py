@@ -6,9 +6,8 @@ A real redis-server started by the test, restarted empty; the queue emulator as 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -23,20 +22,21 @@ from coalescer.model import TaskEvent
 from coalescer.settings import Settings
 from coalescer.store import Store, open_store
 from coalescer.web.app import create_app
+from tests.policy.support import eventually
 from tests.redis_server import RedisServer
+from tests.redis_server import redis_server as started_redis
 from tests.web.conftest import AUTH
 
 pytestmark = pytest.mark.integration
 
 KEY = "verify.k"
+_T = TypeVar("_T")
 
 
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
+    with started_redis() as server:
+        yield server
 
 
 @pytest.fixture
@@ -66,16 +66,31 @@ def event(queue_emulator: QueueEmulator, kind: str, task_id: str) -> TaskEvent:
     return found
 
 
-async def apply(store: Store, events: list[TaskEvent]) -> None:
-    """``store.apply``, once the store takes it: the first call after a restart finds the old
-    connection closed, and is retried as ingest retries it."""
-    for _ in range(50):
+def failed_task(em: QueueEmulator) -> str:
+    """A task of ``KEY`` whose first run ran and failed."""
+    task_id = em.create_task(routes=[f"coalesce.v1.{KEY}"])
+    em.queue().claimTask(task_id, 0, {"workerGroup": "wg", "workerId": "wi"})
+    em.queue().reportFailed(task_id, 0)
+    return task_id
+
+
+async def once_up(call: Callable[[], Awaitable[_T]]) -> _T:
+    """``call()``, polled with a deadline until the store takes it: the first call after a
+    restart finds the old connection closed, as ingest finds it and retries."""
+
+    async def attempt() -> tuple[_T] | None:
         try:
-            await store.apply(events)
-            return
+            return (await call(),)
         except StoreUnavailable:
-            await asyncio.sleep(0.1)
-    raise AssertionError("the store did not come back")
+            return None
+
+    found: tuple[_T] = await eventually(attempt)
+    return found[0]
+
+
+async def apply(store: Store, events: list[TaskEvent]) -> None:
+    """``store.apply``, once the store takes it (:func:`once_up`)."""
+    await once_up(lambda: store.apply(events))
 
 
 async def state(store: Store, task_id: str) -> tuple[int, str]:
@@ -87,9 +102,7 @@ async def test_a_running_state_applied_after_an_emptying_is_corrected_from_the_q
     queue_emulator: QueueEmulator, redis_server: RedisServer, store: Store
 ) -> None:
     em = queue_emulator
-    ended = em.create_task(routes=[f"coalesce.v1.{KEY}"])
-    em.queue().claimTask(ended, 0, {"workerGroup": "wg", "workerId": "wi"})
-    em.queue().reportFailed(ended, 0)
+    ended = failed_task(em)
     running = event(em, "task-running", ended)
     await store.apply([event(em, "task-pending", ended), running, event(em, "task-failed", ended)])
     assert await state(store, ended) == (0, "failed")
@@ -146,9 +159,7 @@ async def test_the_ingest_endpoint_checks_what_it_applied(
     queue_emulator: QueueEmulator, redis_server: RedisServer, store: Store
 ) -> None:
     em = queue_emulator
-    task_id = em.create_task(routes=[f"coalesce.v1.{KEY}"])
-    em.queue().claimTask(task_id, 0, {"workerGroup": "wg", "workerId": "wi"})
-    em.queue().reportFailed(task_id, 0)
+    task_id = failed_task(em)
     redis_server.restart_empty()
     settings = Settings.from_environ(
         {
@@ -164,14 +175,14 @@ async def test_the_ingest_endpoint_checks_what_it_applied(
             transport=httpx.ASGITransport(app), base_url="http://test"
         ) as client:
             # The run's running message, delivered only now (the first try after the restart
-            # finds the old connection closed: 503, as a publisher would retry).
-            for _ in range(50):
+            # finds the old connection closed: 503, and a publisher tries again).
+            async def delivered() -> httpx.Response | None:
                 r = await client.post(
                     "/v1/events", json=em.messages("task-running", task_id), headers=AUTH
                 )
-                if r.status_code != 503:
-                    break
-                await asyncio.sleep(0.1)
+                return None if r.status_code == 503 else r
+
+            r = await eventually(delivered)
             assert r.status_code == 200, r.text
             assert [x["status"] for x in r.json()["results"]] == ["applied"]
         assert await state(store, task_id) == (0, "failed")
@@ -196,10 +207,5 @@ async def test_a_store_that_cannot_be_read_is_the_callers_to_wait_for(
             await verifier.check([pending])
         redis_server.start()
         # Not paused: the caller's retry checks the events (ingest holds them meanwhile).
-        for _ in range(50):
-            try:
-                assert await verifier.check([pending]) == 0  # the queue has it pending too
-                break
-            except StoreUnavailable:
-                await asyncio.sleep(0.1)
+        assert await once_up(lambda: verifier.check([pending])) == 0  # pending there too
         assert fetch.asked == [task_id]

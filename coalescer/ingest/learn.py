@@ -31,7 +31,7 @@ from coalescer import model
 from coalescer.errors import InvalidEvent, StoreUnavailable
 from coalescer.ingest import validation
 from coalescer.ingest.events import status_event
-from coalescer.settings import queue_credentials
+from coalescer.ingest.reconcile import queue_session
 
 if TYPE_CHECKING:
     from coalescer.policy.rules import Policy
@@ -140,16 +140,7 @@ class Learner:
         ``COALESCER_LEARN_UNKNOWN`` is false. Call from a running event loop."""
         if settings.taskcluster_root_url is None or not settings.learn_unknown:
             return None
-        import taskcluster.aio
-
-        session = taskcluster.aio.createSession()
-        options: dict[str, Any] = {
-            "rootUrl": settings.taskcluster_root_url,
-            "maxRetries": MAX_RETRIES,
-        }
-        if creds := queue_credentials():  # for a queue whose anonymous role cannot read tasks
-            options["credentials"] = creds
-        queue = taskcluster.aio.Queue(options, session=session)
+        queue, session = queue_session(settings.taskcluster_root_url, max_retries=MAX_RETRIES)
         return cls(
             store,
             queue,

@@ -31,9 +31,8 @@ from taskcluster.exceptions import TaskclusterFailure, TaskclusterRestFailure
 from coalescer.errors import CoalescerError, InvalidEvent
 from coalescer.ingest import validation
 from coalescer.ingest.events import status_event
-from coalescer.ingest.reconcile import StatusFetcher, queue_fetcher
+from coalescer.ingest.reconcile import StatusFetcher, queue_fetcher, queue_session
 from coalescer.model import TaskEvent, keys_from_routes
-from coalescer.settings import queue_credentials
 from coalescer.store import Store
 from coalescer.store.census import Limits
 
@@ -290,13 +289,11 @@ async def rebuild(
 async def queue_client(root_url: str) -> AsyncIterator[Any]:
     """A ``taskcluster.aio.Queue`` at ``root_url``, signing with the credentials in the
     environment when there are any (the listings need scopes: docs/how-to/recover-store.md)."""
-    import taskcluster.aio
-
-    async with taskcluster.aio.createSession() as session:
-        options: dict[str, Any] = {"rootUrl": root_url, "maxRetries": 3}
-        if creds := queue_credentials():
-            options["credentials"] = creds
-        yield taskcluster.aio.Queue(options, session=session)
+    queue, session = queue_session(root_url, max_retries=3)
+    try:
+        yield queue
+    finally:
+        await session.close()
 
 
 async def rebuild_index(

@@ -23,6 +23,7 @@ from coalescer.errors import InvalidEvent
 from coalescer.ingest import validation
 from coalescer.ingest.events import status_event
 from coalescer.model import TaskEvent
+from coalescer.settings import queue_credentials
 from coalescer.store import Store
 from coalescer.store.census import Limits
 
@@ -72,6 +73,20 @@ async def indexed_tasks(store: Store) -> tuple[int, dict[str, Indexed]]:
             keys = (*seen.keys, key) if seen else (key,)
             found[task_id] = Indexed(keys, seen.order if seen else record.order)
     return len(names), found
+
+
+def queue_session(root_url: str, *, max_retries: int) -> tuple[Any, aiohttp.ClientSession]:
+    """A ``taskcluster.aio.Queue`` at ``root_url`` on an HTTP session of its own (the caller
+    closes it), signing with the credentials in the environment when there are any (a queue
+    whose anonymous role cannot read tasks, listings that need scopes). Call from a running
+    event loop."""
+    import taskcluster.aio
+
+    session = taskcluster.aio.createSession()
+    options: dict[str, Any] = {"rootUrl": root_url, "maxRetries": max_retries}
+    if creds := queue_credentials():
+        options["credentials"] = creds
+    return taskcluster.aio.Queue(options, session=session), session
 
 
 def queue_fetcher(queue: Any) -> StatusFetcher:

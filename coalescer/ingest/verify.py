@@ -37,10 +37,9 @@ from taskcluster.exceptions import TaskclusterFailure
 
 from coalescer.errors import InvalidEvent
 from coalescer.ingest.events import status_event
-from coalescer.ingest.reconcile import StatusFetcher, queue_fetcher
+from coalescer.ingest.reconcile import StatusFetcher, queue_fetcher, queue_session
 from coalescer.logs import Throttled
 from coalescer.model import TaskEvent
-from coalescer.settings import queue_credentials
 
 if TYPE_CHECKING:
     from coalescer.policy.rules import Policy
@@ -105,16 +104,7 @@ class Verifier:
         running event loop."""
         if settings.taskcluster_root_url is None:
             return None
-        import taskcluster.aio
-
-        session = taskcluster.aio.createSession()
-        options: dict[str, Any] = {
-            "rootUrl": settings.taskcluster_root_url,
-            "maxRetries": MAX_RETRIES,
-        }
-        if creds := queue_credentials():
-            options["credentials"] = creds
-        queue = taskcluster.aio.Queue(options, session=session)
+        queue, session = queue_session(settings.taskcluster_root_url, max_retries=MAX_RETRIES)
         return cls(store, queue_fetcher(queue), policy=settings.policy, session=session)
 
     async def close(self) -> None:

@@ -42,6 +42,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 
+from coalescer.errors import InvalidInput
 from coalescer.policy import PrimaryFailure
 from coalescer.replay import metrics, runner, synthetic
 from coalescer.replay.history import History, TaskSpec, percentile
@@ -221,7 +222,10 @@ async def main() -> None:
     parser.add_argument("--intermittent", type=float, default=0.02)
     parser.add_argument("--flaky", default="", metavar="SHARE:RATE")
     args = parser.parse_args()
-    flaky_share, flaky_rate = synthetic.parse_flaky(args.flaky)
+    try:
+        flaky_share, flaky_rate = synthetic.parse_flaky(args.flaky)
+    except InvalidInput as exc:
+        parser.error(str(exc))
     config = runner.Config.parse(args.config)
     store = await open_store(None, grace_seconds=0)
     print(f"{config.name}; failing run to culprit, and the floor any search has on this pool\n")

@@ -10,7 +10,10 @@ ones for the newest. Then the worker starts and runs the newest, which fails:
   rounds than runs, and supersedes every other push by the run whose result stands for it;
 * no regression, but the newest push's first run fails (a flaky task: its command fails once,
   leaving a marker behind): its rerun passes, the verdict is *flaky*, nobody is blamed, and
-  the primary's passing run stands for every victim that did not run.
+  the primary's passing run stands for every victim that did not run;
+* the regression again with ``hold-by: priority``, the pushes at priority ``low``: the older
+  pushes wait pending at ``lowest``, unclaimed; the culprit is located as before, and no run is
+  given back (each push that ran did so in the run it waited in).
 """
 
 from __future__ import annotations
@@ -59,26 +62,36 @@ async def bisected(
     *,
     first_bad: int = FIRST_BAD,
     marker: Path | None = None,
+    parked: bool = False,
 ) -> tuple[Callable[[str], list[tuple[str, str]]], list[str], dict[str, Any]]:
     """The pushes held for the newest, a worker, and the search over: each task's results,
-    the pushes' taskIds (oldest first) and the finding."""
+    the pushes' taskIds (oldest first) and the finding. ``parked``: ``hold-by: priority``,
+    the pushes at priority ``low``."""
     policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
+    policy.write_text(POLICY + ("    hold-by: priority\n" if parked else ""))
     loop.env["COALESCER_POLICY_FILE"] = str(policy)
     service = await loop.start_service()
     loop.procs.start("enforce", "enforce", "--poll", "0.2")
+    own = {"priority": "low"} if parked else {}
     ids = [
-        queue.create(KEY, command=command(push, first_bad, marker if push == PUSHES else None))
+        queue.create(
+            KEY, command=command(push, first_bad, marker if push == PUSHES else None), **own
+        )
         for push in range(1, PUSHES + 1)
     ]
     victims, primary = ids[:-1], ids[-1]
 
+    def waits(task_id: str) -> bool:
+        if parked:
+            runs = [r["state"] for r in queue.status(task_id)["runs"]]
+            return runs == ["pending"] and queue.client.task(task_id)["priority"] == "lowest"
+        runs = [(r["state"], r.get("workerGroup")) for r in queue.status(task_id)["runs"]]
+        return runs == [("running", "coalescer")]
+
     def held() -> bool:
-        return all(
-            [(r["state"], r.get("workerGroup")) for r in queue.status(t)["runs"]]
-            == [("running", "coalescer")]
-            for t in victims
-        ) and [r["state"] for r in queue.status(primary)["runs"]] == ["pending"]
+        return all(waits(t) for t in victims) and [
+            r["state"] for r in queue.status(primary)["runs"]
+        ] == ["pending"]
 
     await loop.eventually(lambda: in_thread(held), "the enforcer to hold the eight older pushes")
     loop.procs.start(
@@ -176,3 +189,26 @@ async def test_a_flaky_failure_of_the_newest_push_blames_nobody(
     log = loop.procs.output("enforce")
     assert f"bisection after {primary}: flaky, no push to blame" in log
     assert "culprit located" not in log
+
+
+async def test_pushes_waiting_at_the_lowest_priority_are_searched_without_a_retry(
+    loop: Loop, queue: RealQueue, run: Run, tmp_path: Path
+) -> None:
+    results, ids, finding = await bisected(loop, queue, run, tmp_path, parked=True)
+    victims = ids[:-1]
+    culprit, good = victims[FIRST_BAD - 1], victims[FIRST_BAD - 2]
+    for task_id in victims:
+        push = ids.index(task_id) + 1
+        runs = results(task_id)
+        # No claim given back: the first run is the push's own, or its superseding.
+        assert SHUTDOWN not in runs, (push, runs)
+        if runs == [("exception", "canceled")]:
+            continue  # superseded, unclaimed until then
+        want = FAILED if push >= FIRST_BAD else COMPLETED
+        assert set(runs) == {want}, (push, runs)
+    assert results(culprit)[0] == FAILED and results(good) == [COMPLETED]
+    assert finding["verdict"] == "culprit"
+    assert finding["culprit"]["taskId"] == culprit
+    assert finding["lastGood"] == {"taskId": good, "runId": 0}
+    assert finding["probability"] >= 0.99
+    assert "culprit located: task " + culprit in loop.procs.output("enforce")

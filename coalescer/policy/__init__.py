@@ -13,6 +13,6 @@ The decisions themselves are taken in Redis, atomically with the event they foll
 
 from __future__ import annotations
 
-from coalescer.policy.rules import Cascade, Policy, PrimaryFailure, Rule, Strategy, load
+from coalescer.policy.rules import Cascade, HoldBy, Policy, PrimaryFailure, Rule, Strategy, load
 
-__all__ = ["Cascade", "Policy", "PrimaryFailure", "Rule", "Strategy", "load"]
+__all__ = ["Cascade", "HoldBy", "Policy", "PrimaryFailure", "Rule", "Strategy", "load"]

@@ -47,6 +47,11 @@ MAX_DEFINITION_BYTES = 64 << 10
 _LINKED_AFTER = frozenset({"superseded", "canceled"})
 #: The priority a bisection's probes and confirmations run at.
 PROBE_PRIORITY = "highest"
+#: The priority victims wait at, unclaimed, with ``hold-by: priority``.
+PARKED_PRIORITY = "lowest"
+#: How often a victim waiting at the lowest priority is looked at (ms): whether a worker took
+#: it, or a retry put it back at its own priority.
+PARK_CHECK_MS = 10 * 60_000
 #: Dependents canceled per victim at most (a cascade is a task graph, not the whole queue).
 MAX_CASCADE = 1000
 
@@ -65,6 +70,9 @@ class Result:
     resolution: Resolution | None = None
     #: A ``missed`` victim's worker, ``workerGroup/workerId``: it claimed the victim first.
     winner: str = ""
+    #: A ``released`` victim pending in the run it was held in (it waited unclaimed): the
+    #: index is to offer it again, as no new run's event will.
+    offer: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,11 +96,13 @@ class QueueActions(Protocol):
 
     async def hold(self, entry: Entry) -> Result: ...
 
+    async def park(self, entry: Entry) -> Result: ...
+
     async def cancel(self, entry: Entry) -> Result: ...
 
-    async def release(self, entry: Entry) -> Result: ...
+    async def release(self, entry: Entry, priority: str | None = None) -> Result: ...
 
-    async def renew(self, victim: str) -> Result: ...
+    async def renew(self, victim: str, priority: str | None = None) -> Result: ...
 
     async def rerun(self, task_id: str, after_run: int) -> Result: ...
 
@@ -145,6 +155,9 @@ class Actions:
         self.fraction = reclaim_fraction
         #: Whether the queue's refusal to raise a task it resolved before was said (once).
         self.kept_said = False
+        #: Whether the queue or the credentials refused ``changeTaskPriority`` for parking
+        #: (said once): victims are claimed instead, until the enforcer restarts.
+        self.park_refused = False
 
     # -- looking ----------------------------------------------------------------------------
     def _ours(self, run: Mapping[str, Any]) -> bool:
@@ -239,8 +252,60 @@ class Actions:
             return Result("gone")
         return Result("held", due_ms=_ms(got.reclaim_at), definition=definition_json(got.task))
 
-    async def renew(self, victim: str) -> Result:
-        """Keep a held victim's claim alive (claim again for fresh credentials, then reclaim)."""
+    async def park(self, entry: Entry) -> Result:
+        """Hold a victim unclaimed (``hold-by: priority``): pending at the lowest priority
+        (``changeTaskPriority``), behind every other task of its queue, where an idle worker
+        may still run it and no retry is spent. Its definition is recorded as it was, so that
+        :meth:`release` can give it its priority back. Claimed as :meth:`hold` does when it is
+        not pending, already at the lowest priority (nothing would keep it behind the
+        backlog), or when the queue or the credentials refuse (said once)."""
+        run = await self._latest(entry.victim)
+        if not self.park_refused and run is not None and run["state"] == "pending":
+            task = await self.queue.task(entry.victim)
+            if task.get("priority", PARKED_PRIORITY) != PARKED_PRIORITY and await self._lower(
+                entry.victim
+            ):
+                return Result("held", due_ms=self._park_due(), definition=definition_json(task))
+        return await self.hold(entry)
+
+    async def _lower(self, task_id: str) -> bool:
+        """``task_id`` to :data:`PARKED_PRIORITY`: whether it is there now."""
+        try:
+            await self.queue.changeTaskPriority(task_id, {"newPriority": PARKED_PRIORITY})
+        except TaskclusterFailure as exc:
+            status = http_status(exc)
+            if status not in (401, 403, 404, 409):
+                raise
+            if status != 409:
+                self.park_refused = True
+                log.warning(
+                    "the queue did not lower the priority of %s (HTTP %s; the enforcer's "
+                    "credentials need queue:change-task-priority:<taskId>, on a queue that "
+                    "offers changeTaskPriority): victims are claimed and held instead; said once",
+                    task_id,
+                    status,
+                )
+                return False
+            # At that priority already (a repeat), or resolved meanwhile.
+            return bool((await self.queue.task(task_id)).get("priority") == PARKED_PRIORITY)
+        log.info("%s waits at the lowest priority until its primary ends", task_id)
+        return True
+
+    def _park_due(self) -> int:
+        return _ms(self.clock()) + PARK_CHECK_MS
+
+    async def renew(self, victim: str, priority: str | None = None) -> Result:
+        """Keep a held victim's claim alive (claim again for fresh credentials, then reclaim).
+        ``priority``: the victim's own, when it was parked (:meth:`park`): it stays pending at
+        the lowest priority (lowered again after a retry), and a run a worker took meanwhile
+        keeps it held: its result is its own, and a search may use it."""
+        if priority not in (None, PARKED_PRIORITY) and not self.park_refused:
+            run = await self._latest(victim)
+            if run is not None and run["state"] == "pending":
+                if await self._lower(victim):
+                    return Result("held", due_ms=self._park_due())
+            elif run is not None and not self._ours(run) and run["state"] != "exception":
+                return Result("held", due_ms=self._park_due())
         got = await self._claim(victim)
         if not isinstance(got, Claim):
             return Result("lost")
@@ -254,13 +319,28 @@ class Actions:
         got.refresh(response, sent)
         return Result("held", due_ms=_ms(got.reclaim_at))
 
-    async def release(self, entry: Entry) -> Result:
-        """Give a held victim back (its primary failed): it is retried and runs itself."""
+    async def release(self, entry: Entry, priority: str | None = None) -> Result:
+        """Give a held victim back (its primary failed): it is retried and runs itself. One
+        parked (:meth:`park`) is pending already: ``priority``, its own, is given back to it
+        (none: it stays where it is, as a bisection's probe, raised next)."""
         run = await self._latest(entry.victim)
         if run is not None and run["state"] == "running" and self._ours(run):
             got = await self._claim(entry.victim)
             if isinstance(got, Claim):
                 await self._release(got)
+        elif (
+            priority not in (None, PARKED_PRIORITY)
+            and run is not None
+            and run["state"] not in RESOLVED
+            and (await self.queue.task(entry.victim)).get("priority") == PARKED_PRIORITY
+        ):
+            try:
+                await self.queue.changeTaskPriority(entry.victim, {"newPriority": priority})
+            except TaskclusterFailure as exc:
+                if http_status(exc) not in (401, 403, 404, 409):
+                    raise
+                log.warning("%s keeps the lowest priority: %s", entry.victim, exc)
+            return Result("released", offer=run["state"] == "pending")
         return Result("released")
 
     async def rerun(self, task_id: str, after_run: int) -> Result:

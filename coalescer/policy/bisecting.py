@@ -99,6 +99,8 @@ DAY_MS = 86_400_000
 MAX_GAP = 32
 #: Lineage states of a task superseded or canceled by a decision: a search may run it again.
 _ENDED_BY_DECISION = frozenset({"superseded", "canceled", "ran"})
+#: A run's states that are results.
+RESULTS = frozenset({"completed", "failed"})
 BY = "coalescer enforce"
 
 
@@ -192,10 +194,14 @@ class Searcher:
         actions: QueueActions,
         now_ms: Callable[[], int],
         known_since: Callable[[], Awaitable[int]] | None = None,
+        parks: Callable[[str], bool] = lambda rule: False,
     ) -> None:
         self.store = store
         self.actions = actions
         self.now_ms = now_ms
+        #: Whether the named rule leaves victims waiting at the lowest priority, where a
+        #: worker may run them on its own (``hold-by: priority``).
+        self.parks = parks
         self.known_since = known_since or self._marker_since
         #: Whether the queue refused a rerun for lack of scope (said once in the log).
         self.refused = False
@@ -281,6 +287,23 @@ class Searcher:
                     ", ".join(doc["victims"][i][0] for i in due),
                 )
             return await self._write(key, primary, raw, doc, moves)
+        # Victims a worker ran on its own meanwhile: their results are taken as probes' are,
+        # at no cost, where they narrow the search (a failure outside it would only cost a
+        # confirmation).
+        held = [i for i in left if states[i] == "bisecting" and self.parks(doc["rule"])]
+        top = search.top
+        ran = [
+            i
+            for i, state in (await self._own_runs(key, doc, held, RESULTS)).items()
+            if top is not None
+            and i < top
+            and (state == "completed" or search.good < i < search.bad)
+        ]
+        if ran:
+            for i in ran:
+                probes.append({"i": i, "run": doc["victims"][i][1], "since": now, "attempt": 0})
+            moves = [outbox.Move(doc["victims"][i][0], "bisecting", "probing") for i in ran]
+            return await self._write(key, primary, raw, doc, moves)
         todo = search.probes(running)
         if not todo:
             if probes:
@@ -311,6 +334,22 @@ class Searcher:
             len(doc["victims"]),
         )
         return True
+
+    async def _own_runs(
+        self, key: str, doc: Mapping[str, Any], held: list[int], states: frozenset[str]
+    ) -> dict[int, str]:
+        """The victims among ``held`` whose run in the index is the one they were held in,
+        in one of ``states`` (by index, that state): a worker took them on its own (one
+        waiting at the lowest priority, ``hold-by: priority``)."""
+        ids = [doc["victims"][i][0] for i in held]
+        known = await self.store.known(key, ids) if ids else {}
+        return {
+            i: record.state
+            for i, task_id in zip(held, ids, strict=True)
+            if (record := known.get(task_id)) is not None
+            and record.run_id == doc["victims"][i][1]
+            and record.state in states
+        }
 
     async def _widen(self, key: str, primary: str, doc: dict[str, Any]) -> list[outbox.Move]:
         """Add to the search the pushes of the gap the primary did not hold: every task of the
@@ -617,18 +656,23 @@ class Searcher:
         """Record ``probe``'s result once it is in: whether a step was taken."""
         i, run, attempt = int(probe["i"]), int(probe["run"]), int(probe.get("attempt", 0))
         task_id, deadline = _task(doc, i), _deadline(doc, i)
+        gap = doc.get("gap", {})
         record = (await self.store.known(key, [task_id])).get(task_id)
         passed: bool | None
-        if record is None and task_id in doc.get("gap", {}) and not attempt:
+        if record is None and task_id in gap and not attempt:
             # Never scheduled yet: its dependencies run again first.
             if await self._run_gap(key, primary, doc, i, run, now) != "out":
                 return False
             passed = None
         elif record is None or (deadline is not None and now > deadline):
             passed = None  # forgotten, or past its deadline: no verdict
-        elif record.run_id > run and record.state in ("completed", "failed"):
+        elif record.state in ("completed", "failed") and (
+            record.run_id > run or (record.run_id == run and not attempt and task_id not in gap)
+        ):
+            # A held victim's probe is a newer run (its claim released); a victim that waited
+            # unclaimed at the lowest priority runs in the run it was held in.
             passed = record.state == "completed"
-        elif task_id in doc.get("gap", {}) and not attempt:
+        elif task_id in gap and not attempt:
             if record.run_id > run and record.state == "exception":
                 passed = None  # no verdict on the code
             elif record.run_id > run:
@@ -766,9 +810,23 @@ class Searcher:
         moves: list[outbox.Move] = []
         stands_for: list[dict[str, Any]] = []
         gap = doc.get("gap", {})
+        left = [
+            i
+            for i, (victim, _, _) in enumerate(victims)
+            if i not in search.ran and i not in search.dropped and victim not in gap
+        ]
+        # (A victim the enforcer claimed runs in its held run too: only one waiting unclaimed
+        # can have been taken by a worker.)
+        parked = left if self.parks(doc["rule"]) else []
+        running = set(await self._own_runs(key, doc, parked, RESULTS | {"running"}))
         for i, (victim, run, _) in enumerate(victims):
             if i in search.ran or i in search.dropped or victim in gap:
                 continue  # a push of the gap that did not run is left as it was
+            if i in running:
+                # Waiting at the lowest priority, a worker took it meanwhile: its result is
+                # its own, and, as a probe's, starts no search of its own.
+                moves.append(outbox.Move(victim, "bisecting", "ran"))
+                continue
             if i in stood:
                 by = ref(stood[i])
                 if stood[i] == culprit:

@@ -25,6 +25,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
+import orjson
 from prometheus_client import Counter
 from taskcluster.exceptions import TaskclusterFailure
 
@@ -32,7 +33,7 @@ from coalescer.concurrency import all_ended
 from coalescer.errors import StoreUnavailable
 from coalescer.policy.actions import Actions, QueueActions, Result
 from coalescer.policy.bisecting import Searcher, victims
-from coalescer.policy.rules import Policy
+from coalescer.policy.rules import HoldBy, Policy
 from coalescer.store import Store
 from coalescer.store import lineage as records
 from coalescer.store import policy as outbox
@@ -146,7 +147,7 @@ class Enforcer:
         self.clock = clock
         self._bound = asyncio.Semaphore(max(1, concurrency))
         self._next_tick = 0.0
-        self.searcher = Searcher(store, actions, self._now_ms, known_since)
+        self.searcher = Searcher(store, actions, self._now_ms, known_since, self._parks)
 
     def _now_ms(self) -> int:
         return int(self.clock().timestamp() * 1000)
@@ -243,15 +244,20 @@ class Enforcer:
             return None
         if current.state in _INITIAL:
             entry = await self._final(entry)
+        parks = self._parks(entry.rule)
         act: dict[str, Callable[[outbox.Entry], Awaitable[Result]]] = {
             "supersede": self.actions.supersede,
-            "hold": self.actions.hold,
+            "hold": self.actions.park if parks else self.actions.hold,
             "cancel": self.actions.cancel,
             "release": self.actions.release,
         }
         if entry.action not in act:
             log.error("unknown outbox action %r for %s: skipped", entry.action, entry.victim)
             result = Result("gone")
+        elif entry.action == "release" and parks:
+            result = await self.actions.release(
+                entry, await self._own_priority(entry.key, entry.victim)
+            )
         else:
             result = await act[entry.action](entry)
         changed, saved = await outbox.settle(
@@ -269,11 +275,13 @@ class Enforcer:
             definition=result.definition,
             cascaded=result.cascaded,
             resolution=None if (r := result.resolution) is None else (r.how, r.why),
+            offer=result.offer,
         )
         if not changed and result.state == "held":
             # The decision moved on while we claimed (cannot happen under the lease, unless it
             # expired mid-action): give the run back rather than keep it forever.
-            await self.actions.release(entry)
+            own = orjson.loads(result.definition or "{}").get("priority")
+            await self.actions.release(entry, own if parks else None)
         if changed:
             ACTIONS.labels(entry.rule, result.state).inc()
             if result.state == "missed":  # once: a repeat of the entry finds it settled
@@ -311,6 +319,21 @@ class Enforcer:
                 todo.append(decision.task_id)
                 await self.actions.restate(decision, final)
 
+    def _parks(self, rule: str) -> bool:
+        """Whether the rule named ``rule`` holds victims pending at the lowest priority."""
+        return self.policy is not None and any(
+            r.name == rule and r.hold_by is HoldBy.PRIORITY for r in self.policy.rules
+        )
+
+    async def _own_priority(self, key: str, victim: str) -> str | None:
+        """``victim``'s priority before it was parked, from the definition kept when it was
+        held; None when none was kept."""
+        kept = await records.definitions(self.store, key, [victim])
+        if victim not in kept:
+            return None
+        priority = orjson.loads(kept[victim]).get("priority")
+        return priority if isinstance(priority, str) else None
+
     async def _final(self, entry: outbox.Entry) -> outbox.Entry:
         """``entry`` with the end of its primary's chain as the primary: when ``B`` (which
         superseded ``A``) has been superseded by ``C`` meanwhile, ``A``'s superseded-by.json
@@ -342,7 +365,8 @@ class Enforcer:
             if not any(victim in victims(raw) for raw in under_way.values()):
                 await self._orphaned(current, under_way.get(current.by))
                 return
-        result = await self.actions.renew(victim)
+        own = await self._own_priority(key, victim) if self._parks(current.rule) else None
+        result = await self.actions.renew(victim, own)
         await outbox.settle(
             self.store,
             key,

@@ -17,6 +17,8 @@ decides how that key supersedes. A key no rule matches keeps today's protocol (`
         bisect-confidence: 0.99              # with bisect: rerun a failure until it is this
                                              #   probably a breakage (coalescer.verdicts)
         bisect-parallel: 2                   # with bisect: runs of the search at once
+        hold-by: claim                       # with release/bisect: or priority: victims wait
+                                             #   pending at the lowest priority, unclaimed
         cascade: cancel                      # or leave: what happens to a victim's dependents
 
 Globs match dotted keys: ``*`` matches within one word, ``**`` across words, ``?`` one
@@ -69,6 +71,17 @@ class PrimaryFailure(enum.StrEnum):
     BISECT = "bisect"
 
 
+class HoldBy(enum.StrEnum):
+    """How victims are held until their primary ends (``on-primary-failure: release`` or
+    ``bisect``): ``claim``ed by the enforcer, their claims renewed, a release costing one of
+    their retries; or left pending at the lowest ``priority`` (``changeTaskPriority``), where
+    an idle worker may still run them, and raised back when they must run. A victim already
+    at the lowest priority, or on a queue without the method, is claimed."""
+
+    CLAIM = "claim"
+    PRIORITY = "priority"
+
+
 class Cascade(enum.StrEnum):
     """What happens to tasks that depend on a victim: ``cancel`` them (transitively, before
     the victim is resolved), or ``leave`` them to the queue's rules."""
@@ -96,6 +109,8 @@ class Rule:
     bisect_confidence: float = DEFAULT_CONFIDENCE
     #: With ``on-primary-failure: bisect``: the search's runs at once.
     bisect_parallel: int = DEFAULT_PARALLEL
+    #: With ``on-primary-failure: release`` or ``bisect``: how victims are held.
+    hold_by: HoldBy = HoldBy.CLAIM
 
     @property
     def decides(self) -> bool:
@@ -190,6 +205,7 @@ _FIELDS = {
     "bisect-confirm",
     "bisect-confidence",
     "bisect-parallel",
+    "hold-by",
     "cascade",
 }
 _DECIDING_ONLY = _FIELDS - {"keys", "name", "strategy"}
@@ -254,6 +270,10 @@ def _rule(item: Any, where: str, number: int) -> Rule:
     for field in ("bisect-confirm", "bisect-confidence", "bisect-parallel"):
         if field in item and on_failure is not PrimaryFailure.BISECT:
             raise ConfigError(f"{where}: '{field}' only applies to on-primary-failure: bisect")
+    if "hold-by" in item and on_failure is PrimaryFailure.SUPERSEDE:
+        raise ConfigError(
+            f"{where}: 'hold-by' only applies to on-primary-failure: release or bisect"
+        )
     confirm = item.get("bisect-confirm", DEFAULT_CONFIRM)
     if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
         raise ConfigError(f"{where}: 'bisect-confirm' must be a whole number >= 0")
@@ -280,6 +300,7 @@ def _rule(item: Any, where: str, number: int) -> Rule:
         bisect_confirm=confirm,
         bisect_confidence=float(confidence),
         bisect_parallel=parallel,
+        hold_by=_choice(item.get("hold-by", "claim"), HoldBy, "hold-by", where),
     )
 
 

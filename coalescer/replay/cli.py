@@ -133,7 +133,8 @@ def register(sub: Any) -> None:
         "(tc-coalesce's thresholds); or age=SECONDS,size=N alone (on claim); any with "
         ",on-primary-failure=supersede|release|bisect (on claim: the worker's flag; "
         "latest-wins, first-wins: the enforcer's), bisect with ,bisect-confirm=N (reruns "
-        "confirming a failure, 3 by default); repeatable; off is always replayed first, as "
+        "confirming a failure, 3 by default), the enforcer's release and bisect with "
+        ",hold-by=claim|priority; repeatable; off is always replayed first, as "
         "the baseline (default: off, age=3600,size=5, on-claim, or off alone with --policy)",
     )
     p.add_argument(

@@ -10,10 +10,13 @@ counterpart does on a queue, from where the victim stands in the pool:
 * ``supersede``: a pending (or enforcer-held) victim is resolved superseded, its unresolved
   dependents canceled with ``cascade: cancel``; a victim running on a worker is canceled with
   ``supersede-running``, else left to run (``missed``); a resolved one is ``gone``.
-* ``hold``: a pending victim is claimed and held by the enforcer until its primary ends.
+* ``hold``: a pending victim is claimed and held by the enforcer until its primary ends;
+  ``park`` (``hold-by: priority``) leaves it pending at the lowest priority instead, where an
+  idle worker may run it (a victim there already is held).
 * ``release``: a held victim resolves ``exception/worker-shutdown`` and is pending again in a
-  new run (the queue's retry); that run is an extra one (its primary failed, or a bisection
-  runs it).
+  new run (the queue's retry); a parked one is pending already, and gets its own priority back
+  (a probe is raised next instead); that run is an extra one (its primary failed, or a
+  bisection runs it).
 * ``cancel``: a running victim is canceled, unless it has run longer than the rule protects;
   its worker stops at once (no reclaim lag is modelled).
 * ``rerun``: a task resolved (with its own result, or superseded) is pending again in a new
@@ -40,10 +43,11 @@ from datetime import UTC, datetime
 import orjson
 
 from coalescer.model import parse_time_ms
-from coalescer.policy.actions import PROBE_PRIORITY, Relative, Result
+from coalescer.policy.actions import PARKED_PRIORITY, PROBE_PRIORITY, Relative, Result
 from coalescer.policy.enforcer import Enforcer
+from coalescer.policy.rules import Policy
 from coalescer.replay import pool as model
-from coalescer.replay.history import priority_rank
+from coalescer.replay.history import priority_name, priority_rank
 from coalescer.store import Store, bisections
 from coalescer.store import policy as outbox
 from coalescer.store.policy import Entry
@@ -98,18 +102,40 @@ class PoolActions:
         pool.hold(i, self.now_ms)
         return Result("held", due_ms=pool.tasks[i].deadline_ms)
 
-    async def renew(self, victim: str) -> Result:
+    async def park(self, entry: Entry) -> Result:
+        pool, i, _ = self._at(entry)
+        lowest = priority_rank(PARKED_PRIORITY)
+        if pool.where(i) != model.PENDING or pool.priority[i] <= lowest or i in pool.reran:
+            return await self.hold(entry)
+        own = priority_name(pool.priority[i])
+        pool.prioritize(i, lowest)
+        return Result(
+            "held",
+            due_ms=pool.tasks[i].deadline_ms,
+            definition=orjson.dumps({"priority": own}).decode(),
+        )
+
+    async def renew(self, victim: str, priority: str | None = None) -> Result:
         assert self.pool is not None, "PoolActions used outside Pool.run"
         i = self.pool.pos[victim]
-        if self.pool.where(i) != model.HELD_BY_ENFORCER:
+        where = self.pool.where(i)
+        parked = priority not in (None, PARKED_PRIORITY) and where in (model.PENDING, model.RUNNING)
+        if where != model.HELD_BY_ENFORCER and not parked:
             return Result("lost")
         return Result("held", due_ms=self.pool.tasks[i].deadline_ms)
 
-    async def release(self, entry: Entry) -> Result:
+    async def release(self, entry: Entry, priority: str | None = None) -> Result:
         pool, i, _ = self._at(entry)
-        if pool.where(i) == model.HELD_BY_ENFORCER:
+        where = pool.where(i)
+        if where == model.HELD_BY_ENFORCER:
             pool.release(i, self.now_ms)
             pool.after_failure.add(i)  # its next run is an extra one
+        elif where == model.PENDING and pool.priority[i] == priority_rank(PARKED_PRIORITY):
+            # Parked: it runs where it waits, at its own priority again unless a probe.
+            pool.after_failure.add(i)
+            if priority not in (None, PARKED_PRIORITY):
+                pool.prioritize(i, priority_rank(priority))
+                return Result("released", offer=True)
         return Result("released")
 
     async def rerun(self, task_id: str, after_run: int) -> Result:
@@ -177,11 +203,16 @@ class PoolActions:
 class PoolEnforcer:
     """The enforcer's outbox consumer and bisections for one replayed configuration's keys."""
 
-    def __init__(self, store: Store, namespace: str = "") -> None:
+    def __init__(self, store: Store, namespace: str = "", policy: Policy | None = None) -> None:
         self.store = store
         self.actions = PoolActions(namespace)
         self.enforcer = Enforcer(
-            store, self.actions, consumer=CONSUMER, clock=self._clock, known_since=self._since
+            store,
+            self.actions,
+            policy=policy,
+            consumer=CONSUMER,
+            clock=self._clock,
+            known_since=self._since,
         )
         #: Keys whose outbox held entries when last looked at.
         self.busy: set[str] = set()

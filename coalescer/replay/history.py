@@ -125,6 +125,11 @@ def priority_rank(name: str) -> int:
         raise InvalidInput(f"unknown task priority {name!r}") from None
 
 
+def priority_name(rank: int) -> str:
+    """The queue's name of a priority rank (``lowest`` for ranks at or below it)."""
+    return next((n for n, r in PRIORITIES.items() if r == rank), "lowest")
+
+
 @dataclasses.dataclass(frozen=True)
 class History:
     """Tasks in a replayable order, with what was observed of the pool that ran them."""

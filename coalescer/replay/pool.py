@@ -477,9 +477,11 @@ class Pool:
         claimed: list[int] = []
         for queue, heap in self.queues.items():
             while heap and self.idle[queue]:
-                *_, i, run = heapq.heappop(heap)
+                rank, *_, i, run = heapq.heappop(heap)
                 if self.out.state[i] != State.PENDING or self.out.runs[i] != run:
                     continue  # claimed as a secondary or superseded meanwhile, or rerun
+                if -rank != self.priority[i]:
+                    continue  # queued again at its new priority
                 if self.tasks[i].deadline_ms <= now:
                     self._leave(i, State.DEADLINE, now)
                     self._resolve(i, State.DEADLINE, now)

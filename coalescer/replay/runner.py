@@ -22,7 +22,7 @@ from functools import lru_cache
 
 from coalescer import model
 from coalescer.errors import ConfigError, InvalidInput
-from coalescer.policy import Policy, PrimaryFailure, Rule, Strategy, rules
+from coalescer.policy import HoldBy, Policy, PrimaryFailure, Rule, Strategy, rules
 from coalescer.replay.enforcing import PoolEnforcer
 from coalescer.replay.history import History, TaskSpec
 from coalescer.replay.pool import Outcome, Pool
@@ -61,6 +61,8 @@ class Config:
     bisect_confirm: int = DEFAULT_CONFIRM
     #: With ``bisect`` under a policy strategy: the enforcer's runs at once.
     bisect_parallel: int = DEFAULT_PARALLEL
+    #: With ``release`` or ``bisect`` under a policy strategy: how the enforcer holds victims.
+    hold_by: HoldBy = HoldBy.CLAIM
 
     @property
     def on_arrival(self) -> bool:
@@ -80,6 +82,8 @@ class Config:
             failure += f" confirm {self.bisect_confirm}"
         if self.on_failure is PrimaryFailure.BISECT and self.bisect_parallel != DEFAULT_PARALLEL:
             failure += f" parallel {self.bisect_parallel}"
+        if self.hold_by is not HoldBy.CLAIM:
+            failure += f" hold-by {self.hold_by}"
         if self.strategy in POLICIES:
             return self.strategy + age + size + failure
         return "on-claim" + (age + size or " always") + failure
@@ -91,7 +95,7 @@ class Config:
         left out. Any but ``off`` may add ``,on-primary-failure=supersede|release|bisect``
         and, with ``bisect``, ``,bisect-confirm=N`` (the most reruns confirming a failure, 3 by
         default): the worker's search on claim, the enforcer's with ``latest-wins`` and
-        ``first-wins``."""
+        ``first-wins``, whose ``release`` and ``bisect`` take ``,hold-by=claim|priority``."""
         parts = [p.strip() for p in text.split(",")]
         if parts == ["off"]:
             return cls(False)
@@ -102,23 +106,32 @@ class Config:
         for part in parts:
             m = re.fullmatch(
                 r"(age|size|bisect-confirm|bisect-parallel)\s*=\s*(\d+)|(on-primary-failure)\s*=\s*"
-                r"(supersede|release|bisect)",
+                r"(supersede|release|bisect)|(hold-by)\s*=\s*(claim|priority)",
                 part,
             )
-            name = m and (m.group(1) or m.group(3))
+            name = m and (m.group(1) or m.group(3) or m.group(5))
             if not m or not name or name in found:
                 raise InvalidInput(
                     f"bad configuration {text!r}: use off, on-claim, latest-wins or first-wins, "
                     "optionally with age=SECONDS,size=N (e.g. age=3600,size=5) and "
                     "on-primary-failure=supersede|release|bisect (bisect-confirm=N, "
-                    "bisect-parallel=N)"
+                    "bisect-parallel=N; hold-by=claim|priority)"
                 )
-            found[name] = m.group(2) or m.group(4)
+            found[name] = m.group(2) or m.group(4) or m.group(6)
         failure = found.get("on-primary-failure")
         on_failure = None if failure is None else PrimaryFailure(failure)
         for name in ("bisect-confirm", "bisect-parallel"):
             if name in found and on_failure is not PrimaryFailure.BISECT:
                 raise InvalidInput(f"bad configuration {text!r}: {name} needs bisect")
+        hold_by = HoldBy(found.get("hold-by", "claim"))
+        if "hold-by" in found and (
+            strategy not in POLICIES
+            or on_failure not in (PrimaryFailure.RELEASE, PrimaryFailure.BISECT)
+        ):
+            raise InvalidInput(
+                f"bad configuration {text!r}: hold-by needs latest-wins or first-wins with "
+                "on-primary-failure=release or bisect (the enforcer holds the victims)"
+            )
         parallel = int(found.get("bisect-parallel", DEFAULT_PARALLEL))
         if not 1 <= parallel <= 32:
             raise InvalidInput(f"bad configuration {text!r}: bisect-parallel is 1 to 32")
@@ -130,6 +143,7 @@ class Config:
             on_failure=on_failure,
             bisect_confirm=int(found.get("bisect-confirm", DEFAULT_CONFIRM)),
             bisect_parallel=parallel,
+            hold_by=hold_by,
         )
 
     @classmethod
@@ -151,6 +165,7 @@ class Config:
             self.on_failure,
             self.bisect_confirm,
             self.bisect_parallel,
+            self.hold_by,
         )
 
     def rule_for(self, task: TaskSpec) -> Rule:
@@ -166,6 +181,7 @@ def _one_rule(
     on_failure: PrimaryFailure | None = None,
     confirm: int = DEFAULT_CONFIRM,
     parallel: int = DEFAULT_PARALLEL,
+    hold_by: HoldBy = HoldBy.CLAIM,
 ) -> Policy:
     rule: dict[str, object] = {"name": strategy, "keys": "**", "strategy": strategy}
     if strategy != Strategy.ON_CLAIM:  # on claim, the thresholds are the worker's question's
@@ -175,6 +191,8 @@ def _one_rule(
         if on_failure is PrimaryFailure.BISECT:
             rule["bisect-confirm"] = confirm
             rule["bisect-parallel"] = parallel
+        if hold_by is not HoldBy.CLAIM:
+            rule["hold-by"] = str(hold_by)
     return rules.parse({"rules": [rule]}, "replay")
 
 
@@ -247,7 +265,7 @@ class PolicyIndex(StoreIndex):
     def __init__(self, store: Store, namespace: str, config: Config) -> None:
         super().__init__(store, namespace, config)
         self.policy = _Namespaced(config.policy(), namespace)
-        self.enforcer = PoolEnforcer(store, namespace)
+        self.enforcer = PoolEnforcer(store, namespace, config.policy())
 
     def asks(self, task: TaskSpec) -> bool:
         return not self.config.rule_for(task).decides

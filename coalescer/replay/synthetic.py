@@ -37,7 +37,7 @@ import random
 import uuid
 
 from coalescer.errors import InvalidInput
-from coalescer.replay.history import History, TaskSpec
+from coalescer.replay.history import History, TaskSpec, priority_rank
 
 #: Push rate by hour of day (UTC), as a share of the peak rate.
 DAILY = (
@@ -51,6 +51,9 @@ HOUR_MS = 3_600_000
 EPOCH_MS = 1_893_456_000_000
 #: A flaky regression's broken pushes fail a share of their runs drawn in this range.
 FLAKY_REGRESSION_RATES = (0.3, 0.7)
+#: Every task's priority: an integration branch's (a project's own choice; nothing here
+#: depends on which, but ``hold-by: priority`` needs one above the lowest to park victims).
+PRIORITY = priority_rank("low")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -213,6 +216,7 @@ def generate(spec: Synthetic) -> History:
                 order=float(push),
                 scheduled_ms=at,
                 deadline_ms=at + deadline,
+                priority=PRIORITY,
                 duration_ms=duration(spec.build_minutes),
                 broken=broken(build_id, f"build.{platform}"),
             )
@@ -227,6 +231,7 @@ def generate(spec: Synthetic) -> History:
                         order=float(push),
                         scheduled_ms=at,
                         deadline_ms=at + deadline,
+                        priority=PRIORITY,
                         dependencies=(build.task_id,),
                         duration_ms=duration(spec.test_minutes),
                         broken=broken(test_id, f"test.{platform}.s{s + 1}"),

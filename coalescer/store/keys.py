@@ -105,11 +105,11 @@ def policy(key: str) -> tuple[str, str, str, str, str, str, str, str, str]:
     return (v, vp, vx, r, rs, o, h, m, rd)
 
 
-def settled(key: str) -> tuple[str, str, str, str, str, str, str, str, str, str]:
-    """``(v, vp, vx, o, h, m, rd, df, vn, bs)``: what ``settle.lua`` touches."""
+def settled(key: str) -> tuple[str, ...]:
+    """``(v, vp, vx, o, h, m, rd, df, vn, bs, t, p, w, d)``: what ``settle.lua`` touches."""
     tag = f"co:{{{key}}}:"
     v, vp, vx, _, _, o, h, m, rd = policy(key)
-    return (v, vp, vx, o, h, m, rd, tag + "df", tag + "vn", searches(key))
+    return (v, vp, vx, o, h, m, rd, tag + "df", tag + "vn", searches(key), *group(key)[:4])
 
 
 def searches(key: str) -> str:

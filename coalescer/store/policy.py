@@ -249,10 +249,12 @@ async def settle(
     definition: str = "",
     cascaded: Sequence[str] = (),
     resolution: tuple[str, str] | None = None,
+    offer: bool = False,
 ) -> tuple[bool, int]:
     """Move ``victim`` from one of ``expected`` states to ``new`` and acknowledge ``entry_id``
     (see ``settle.lua``); returns whether the state changed and the milliseconds saved.
-    ``resolution``: how the victim's run was ended, and why, for its lineage."""
+    ``resolution``: how the victim's run was ended, and why, for its lineage. ``offer``: it was
+    released in the run it was held in, pending still: the index offers it again."""
     (raw,) = await store.pipeline(
         lambda pipe: store.eval(
             pipe,
@@ -271,6 +273,7 @@ async def settle(
             definition,
             ",".join(cascaded),
             "|".join(resolution) if resolution else "",
+            "1" if offer else "",
         ),
         replicated=True,
     )

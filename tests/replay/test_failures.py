@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from coalescer.errors import ConfigError, InvalidInput
-from coalescer.policy import PrimaryFailure, rules
+from coalescer.policy import HoldBy, PrimaryFailure, rules
 from coalescer.replay import report
-from coalescer.replay.history import History, TaskSpec
+from coalescer.replay.history import History, TaskSpec, priority_rank
 from coalescer.replay.metrics import Summary, regressions, summarize
 from coalescer.replay.pool import Outcome, Pool, Search, State
 from coalescer.replay.runner import Config, replay
@@ -282,7 +282,14 @@ def test_configurations_name_the_worker_s_on_primary_failure() -> None:
     assert confirmed.name == "latest-wins, bisect confirm 2"
     [rule] = confirmed.policy().rules
     assert (rule.on_primary_failure, rule.bisect_confirm) == (PrimaryFailure.BISECT, 2)
+    parked = Config.parse("latest-wins,on-primary-failure=bisect,hold-by=priority")
+    assert parked.name == "latest-wins, bisect hold-by priority"
+    [rule] = parked.policy().rules
+    assert rule.hold_by is HoldBy.PRIORITY
     for bad in (
+        "latest-wins,hold-by=priority",
+        "on-claim,on-primary-failure=bisect,hold-by=priority",
+        "latest-wins,on-primary-failure=release,hold-by=later",
         "on-claim,bisect-confirm=1",
         "latest-wins,bisect-confirm=1",
         "on-claim,on-primary-failure=later",
@@ -399,26 +406,29 @@ def test_without_failures_the_report_keeps_its_rows(tmp_path: Path) -> None:
 
 
 # -- the enforcer's bisect (a policy file) --------------------------------------------------------
-def bisect_policy(confirm: int = 0, parallel: int = 1) -> Config:
+def bisect_policy(confirm: int = 0, parallel: int = 1, hold_by: str = "claim") -> Config:
     rule = {
         "keys": "k",
         "strategy": "latest-wins",
         "on-primary-failure": "bisect",
         "bisect-confirm": confirm,
         "bisect-parallel": parallel,
+        "hold-by": hold_by,
     }
     return Config.from_policy(rules.parse({"rules": [rule]}, "test"), "bisect.yaml")
 
 
-def held_behind_busy(culprit: int) -> History:
+def held_behind_busy(culprit: int, priority: int = 0, workers: int = 1) -> History:
     """One worker, busy for an hour: p0..p8 arrive meanwhile (minutes 1-9), each held by the
     enforcer for the next; at 60 the worker runs p8, the primary (60-70). Broken from
     ``culprit`` on."""
     pushes = (
-        dataclasses.replace(task(f"p{n}", n + 1, 10, order=n, key="k"), broken=n >= culprit)
+        dataclasses.replace(
+            task(f"p{n}", n + 1, 10, order=n, key="k", priority=priority), broken=n >= culprit
+        )
         for n in range(9)
     )
-    return history(task("busy", 0, 60, key=None), *pushes)
+    return history(task("busy", 0, 60, key=None), *pushes, workers=workers)
 
 
 @pytest.mark.usefixtures("redis_client")  # findings outlive the replay
@@ -455,6 +465,49 @@ def test_the_enforcer_s_bisect_locates_the_culprit_and_supersedes_the_rest() -> 
     assert s.locate_p50_s == 30 * 60  # from p8's failure at 70 to the culprit at 100
     assert (s.wrong_winners, s.lost) == (0, 0)
     assert not any(state == State.HELD for state in out.state)
+
+
+@pytest.mark.usefixtures("redis_client")  # findings outlive the replay
+def test_victims_waiting_at_the_lowest_priority_are_probed_in_the_run_they_waited_in() -> None:
+    # As above, the victims waiting unclaimed at the lowest priority (hold-by: priority, the
+    # pushes' own priority "low"): the same search, the same fates, and no run given back.
+    h = held_behind_busy(5, priority=priority_rank("low"))
+    out, s = run(h, bisect_policy(hold_by="priority"))
+    assert fates(h, out) == {
+        "busy": ("completed", 60, ""),
+        **{f"p{n}": ("superseded", 100, "p4") for n in range(3)},
+        "p3": ("completed", 80, ""),
+        "p4": ("completed", 100, ""),
+        "p5": ("failed", 90, ""),
+        **{f"p{n}": ("superseded", 100, "p5") for n in (6, 7)},
+        "p8": ("failed", 70, ""),
+    }
+    ids = [t.task_id for t in h.tasks]
+    assert [out.runs[ids.index(f"p{n}")] for n in range(9)] == [1] * 9
+    assert (s.extra_runs, s.located, s.wrong_culprits, s.lost) == (3, 1, 0, 0)
+
+
+@pytest.mark.usefixtures("redis_client")  # findings outlive the replay
+def test_victims_idle_workers_ran_give_the_search_their_results() -> None:
+    # Three workers: p0 and p1 run at once (1-11, 2-12); the others wait at the lowest
+    # priority behind p8, the primary (11-21). The worker free at 12 takes the oldest waiting
+    # victim, p2, then p3 at 22, p5 at 32: the search, from p8's failure at 21, probes p4 and
+    # p6 (raised) and takes the others' results as they come, at no cost: p5 failed at 42 and
+    # p4 passed, so p5 is the culprit at 42. The finding counts the 5 runs it took; 2 of them
+    # were its own probes.
+    h = held_behind_busy(5, priority=priority_rank("low"), workers=3)
+    out, s = run(h, bisect_policy(hold_by="priority"))
+    ids = [t.task_id for t in h.tasks]
+    first = out.searches[0]
+    assert (first.primary, first.culprit, first.last_good) == tuple(
+        ids.index(p) for p in ("p8", "p5", "p4")
+    )
+    assert minutes(first.ended_ms) == 42 and first.runs == 5
+    found = fates(h, out)
+    assert [found[p] for p in ("p2", "p3")] == [("completed", 22, ""), ("completed", 32, "")]
+    assert [out.runs[ids.index(p)] for p in ("p2", "p3", "p4", "p6")] == [1, 1, 1, 1]
+    assert [found[p] for p in ("p4", "p6")] == [("completed", 31, ""), ("failed", 41, "")]
+    assert (s.wrong_culprits, s.lost) == (0, 0)
 
 
 @pytest.mark.usefixtures("redis_client")  # findings outlive the replay

@@ -10,7 +10,14 @@ import orjson
 import pytest
 
 from coalescer.errors import InvalidInput
-from coalescer.replay.synthetic import EPOCH_MS, HOUR_MS, PEAK_HOUR, Synthetic, generate
+from coalescer.replay.synthetic import (
+    EPOCH_MS,
+    HOUR_MS,
+    PEAK_HOUR,
+    PRIORITY,
+    Synthetic,
+    generate,
+)
 
 #: Fields added to a task since the digests were taken, which a synthetic history leaves empty.
 ADDED = ("group", "lag_ms", "wait_ms", "hold_ms")
@@ -18,8 +25,11 @@ ADDED = ("group", "lag_ms", "wait_ms", "hold_ms")
 
 def fingerprint(spec: Synthetic) -> str:
     history = generate(spec)
+    # Every task's priority is one, raised from 0 since the digests were taken (the order among
+    # the tasks is the same): taken as 0 here.
+    assert {t.priority for t in history.tasks} == {PRIORITY}
     tasks = [
-        {k: v for k, v in dataclasses.asdict(t).items() if k not in ADDED or v}
+        {k: v for k, v in dataclasses.asdict(t).items() if k not in ADDED or v} | {"priority": 0}
         for t in history.tasks
     ]
     blob = orjson.dumps([tasks, dict(history.workers), history.source, history.intermittent])

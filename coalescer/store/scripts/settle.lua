@@ -1,8 +1,8 @@
 #!lua
 -- Record what the enforcer did about one victim, and acknowledge its outbox entry, atomically.
--- KEYS: v vp vx o h m rd df vn bs  (see keys.py; all under the key's hash tag)
+-- KEYS: v vp vx o h m rd df vn bs t p w d  (see keys.py; all under the key's hash tag)
 -- ARGV: entry_id|'' group victim expected_states new_state now_ms due_ms rule saved_kind
---       started_ms definition|'' cascaded_ids resolution|''
+--       started_ms definition|'' cascaded_ids resolution|'' offer('1'|'')
 -- `resolution` is `how|why`: how the victim's run was ended, and why (kept in `vn` as
 -- `run|how|why`, so that a later decision about a newer run does not show it).
 -- `expected_states` is a comma-separated list: the victim's state changes only from one of
@@ -10,6 +10,9 @@
 -- `due_ms` is when a held victim's claim must next be renewed. `saved_kind` ('pending',
 -- 'running' or '') estimates the worker time saved from the key's recent run durations.
 -- `cascaded_ids` (comma-separated) are dependents canceled with the victim: recorded too.
+-- `offer` '1': the victim was released while its run is pending still (one that waited
+-- unclaimed, `hold-by: priority`: no new run announces it): offered again, as a new run's
+-- event would, if the index holds that run as pending.
 -- Returns {1 if the state changed else 0, milliseconds saved}.
 --
 -- With ARGV[1] 'search', one step of a bisection instead (coalescer/policy/bisecting.py):
@@ -125,7 +128,7 @@ end
 local entry, group, id, expected, new = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, due, rule, kind = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local started, definition, cascaded = tonumber(ARGV[10]), ARGV[11], ARGV[12]
-local resolution = ARGV[13]
+local resolution, offer = ARGV[13], ARGV[14] == '1'
 
 local function estimate()
   local samples = redis.call('LRANGE', rd, 0, -1)
@@ -160,6 +163,20 @@ if rec then
     if new ~= state then
       changed = 1
       redis.call('HINCRBY', m, rule .. '|' .. new, 1)
+      if new == 'released' and offer then
+        local t, p, w, d = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+        local run = tonumber(string.match(head, '^([-%d]+)|'))
+        local cur = redis.call('HGET', t, id)
+        local crun, crank, order, deadline, since
+        if cur then
+          crun, crank, order, deadline, since = string.match(cur, '^(%d+)|(%d+)|([^|]*)|([^|]*)|([^|]*)|')
+        end
+        if crank == '1' and tonumber(crun) == run and tonumber(deadline) > now then
+          redis.call('ZADD', p, order, id)
+          redis.call('ZADD', w, since, id)
+          redis.call('ZADD', d, deadline, id)
+        end
+      end
       if kind ~= '' and (new == 'superseded' or new == 'canceled') then
         saved = estimate()
         if kind == 'running' and started > 0 then

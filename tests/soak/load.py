@@ -43,7 +43,9 @@ class Scenario:
     """What the stream does beyond passing tasks. ``regressions``: keys broken from one push on
     (:meth:`Pusher.regression`); ``flaky``: keys whose tasks fail their first run with
     probability ``flaky_share``; ``slow``: key prefixes whose tasks run for seconds, so that
-    newer pushes arrive while they run; ``paired``: keys pushed twice in every burst."""
+    newer pushes arrive while they run; ``paired``: keys pushed twice in every burst;
+    ``low``: key prefixes whose tasks are at priority ``low`` (above the queue's default
+    ``lowest``, where ``hold-by: priority`` parks victims)."""
 
     marks: Path
     regressions: tuple[str, ...] = ()
@@ -53,6 +55,7 @@ class Scenario:
     #: keys pushed twice at once in every burst: an older task claimed by a worker while the
     #: newer one's events overtake its own, as they do under load
     paired: tuple[str, ...] = ()
+    low: tuple[str, ...] = ()
 
     def command(self, fate: str, seconds: float) -> list[str]:
         ran = f': > "{self.marks}/ran/$TASK_ID.$RUN_ID"; sleep {seconds:g}'
@@ -126,6 +129,8 @@ class Pusher:
                 "source": "https://example.com/soak",
             },
         }
+        if self.scenario.low and key.startswith(self.scenario.low):
+            body["priority"] = "low"
         if deps:
             body["dependencies"] = list(deps)
             body["requires"] = "all-completed"

@@ -38,13 +38,15 @@ from tests.tcp_proxy import TcpProxy
 TOKEN = "soak-ingest-token"
 #: ``lw.*``: latest-wins, running tasks left alone; ``sr.*``: running ones canceled too, unless
 #: they ran over 3 s (their tasks run 3 to 10 s); ``bi.*``: a failed primary's victims
-#: bisected by the enforcer. The other keys are on-claim: the workers bisect (their
-#: ``--on-primary-failure bisect``).
+#: bisected by the enforcer; ``bp.*``: the same, its victims waiting at the lowest priority
+#: (``hold-by: priority``; its tasks at ``low``). The other keys are on-claim: the workers
+#: bisect (their ``--on-primary-failure bisect``).
 POLICY = """\
 rules:
   - {keys: 'lw.*', strategy: latest-wins}
   - {keys: 'sr.*', strategy: latest-wins, supersede-running: true, protect-running-after: 3s}
   - {keys: 'bi.*', strategy: latest-wins, on-primary-failure: bisect}
+  - {keys: 'bp.*', strategy: latest-wins, on-primary-failure: bisect, hold-by: priority}
 """
 #: what :data:`POLICY` lets the enforcer do to each key's running tasks, for the checker
 RULES = {"sr.": checker.Rule(supersede_running=True, protect_ms=3000)}
@@ -53,13 +55,14 @@ KEYS = (
     + [f"lw.{i}" for i in range(4)]
     + [f"sr.{i}" for i in range(2)]
     + [f"bi.{i}" for i in range(2)]
+    + ["bp.0"]
 )
 #: the keys pushes are drawn from: the ``sr.*`` ones twice as often (a push every 4 s or so on
 #: each, its tasks running 3 to 10 s), so that newer pushes meet running ones both before and
 #: after the protection's 3 s
 PUSHED = KEYS + [f"sr.{i}" for i in range(2)]
 #: regressions injected (each begins a quarter into the run), and flaky keys
-REGRESSIONS, FLAKY = ("k7", "bi.0"), ("k13", "bi.1")
+REGRESSIONS, FLAKY = ("k7", "bi.0", "bp.0"), ("k13", "bi.1")
 #: the faults after which the index may have lost what it had applied: an emptied store, and a
 #: Cluster master killed whose replica was not promoted (it came back empty); a promoted
 #: replica holds every write acknowledged (the store waits for it on ingest)
@@ -135,7 +138,9 @@ class Soak:
         for sub in ("ran", "flaky"):
             (marks / sub).mkdir(parents=True, exist_ok=True)
         paired = tuple(k for k in KEYS if k.startswith("lw."))
-        self.scenario = Scenario(marks, REGRESSIONS, FLAKY, slow=("sr.",), paired=paired)
+        self.scenario = Scenario(
+            marks, REGRESSIONS, FLAKY, slow=("sr.",), paired=paired, low=("bp.",)
+        )
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {

@@ -23,6 +23,8 @@ import taskcluster
 BUILD_QUEUE, TEST_QUEUE = "soak/build", "soak/test"
 #: a task queue no worker serves: the soak claims its tasks itself, at chosen moments
 MANUAL_QUEUE = "soak/manual"
+#: Every pushed task's priority.
+PRIORITY = "low"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +45,7 @@ class Scenario:
     """What the stream does beyond passing tasks. ``regressions``: keys broken from one push on
     (:meth:`Pusher.regression`); ``flaky``: keys whose tasks fail their first run with
     probability ``flaky_share``; ``slow``: key prefixes whose tasks run for seconds, so that
-    newer pushes arrive while they run; ``paired``: keys pushed twice in every burst;
-    ``low``: key prefixes whose tasks are at priority ``low`` (above the queue's default
-    ``lowest``, where ``hold-by: priority`` parks victims)."""
+    newer pushes arrive while they run; ``paired``: keys pushed twice in every burst."""
 
     marks: Path
     regressions: tuple[str, ...] = ()
@@ -55,7 +55,6 @@ class Scenario:
     #: keys pushed twice at once in every burst: an older task claimed by a worker while the
     #: newer one's events overtake its own, as they do under load
     paired: tuple[str, ...] = ()
-    low: tuple[str, ...] = ()
 
     def command(self, fate: str, seconds: float) -> list[str]:
         ran = f': > "{self.marks}/ran/$TASK_ID.$RUN_ID"; sleep {seconds:g}'
@@ -116,6 +115,9 @@ class Pusher:
             "created": taskcluster.fromNowJSON("0 seconds"),
             "deadline": taskcluster.fromNowJSON("2 hours"),
             "routes": [f"{self.prefix}.{key}"],
+            # An integration branch's priority, above the queue's default: victims held with
+            # hold-by: priority wait at the lowest, behind every other task.
+            "priority": PRIORITY,
             "tags": {"push": str(rank)},
             "payload": {
                 "command": self.scenario.command(fate, seconds),
@@ -129,8 +131,6 @@ class Pusher:
                 "source": "https://example.com/soak",
             },
         }
-        if self.scenario.low and key.startswith(self.scenario.low):
-            body["priority"] = "low"
         if deps:
             body["dependencies"] = list(deps)
             body["requires"] = "all-completed"

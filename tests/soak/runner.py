@@ -39,8 +39,8 @@ TOKEN = "soak-ingest-token"
 #: ``lw.*``: latest-wins, running tasks left alone; ``sr.*``: running ones canceled too, unless
 #: they ran over 3 s (their tasks run 3 to 10 s); ``bi.*``: a failed primary's victims
 #: bisected by the enforcer; ``bp.*``: the same, its victims waiting at the lowest priority
-#: (``hold-by: priority``; its tasks at ``low``). The other keys are on-claim: the workers
-#: bisect (their ``--on-primary-failure bisect``).
+#: (``hold-by: priority``; every task is at ``low``). The other keys are on-claim: the
+#: workers bisect (their ``--on-primary-failure bisect``).
 POLICY = """\
 rules:
   - {keys: 'lw.*', strategy: latest-wins}
@@ -138,9 +138,7 @@ class Soak:
         for sub in ("ran", "flaky"):
             (marks / sub).mkdir(parents=True, exist_ok=True)
         paired = tuple(k for k in KEYS if k.startswith("lw."))
-        self.scenario = Scenario(
-            marks, REGRESSIONS, FLAKY, slow=("sr.",), paired=paired, low=("bp.",)
-        )
+        self.scenario = Scenario(marks, REGRESSIONS, FLAKY, slow=("sr.",), paired=paired)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {

@@ -59,7 +59,15 @@ class Serving:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 30
+        try:
+            self._answering(time.monotonic() + 30)
+        except BaseException:
+            # Not yet in the test's list: stopped here, or it would outlive the test.
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            raise
+
+    def _answering(self, deadline: float) -> None:
         while not (found := SERVING.search(self.text())):
             assert self.proc.poll() is None, self.text()
             assert time.monotonic() < deadline, f"no 'serving on' line:\n{self.text()}"

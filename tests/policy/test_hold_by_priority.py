@@ -39,6 +39,15 @@ def priority(loop: Loop, task_id: str) -> str:
     return str(loop.em.queue().task(task_id)["priority"])
 
 
+async def held_for_a_newer(loop: Loop) -> tuple[str, str]:
+    """Two pushes at their own priority, the older held for the newer: ``(old, new)``."""
+    old = loop.create(priority=OWN)
+    new = loop.create(priority=OWN)
+    await loop.feed()
+    await loop.enforce()
+    return old, new
+
+
 def runs(loop: Loop, task_id: str) -> list[tuple[str, str | None]]:
     return [(r["state"], r.get("reasonResolved")) for r in loop.status(task_id)["runs"]]
 
@@ -47,10 +56,7 @@ async def test_victims_wait_unclaimed_at_the_lowest_priority_then_are_superseded
     queue_emulator: QueueEmulator, store: Store
 ) -> None:
     loop = holding(queue_emulator, store)
-    old = loop.create(priority=OWN)
-    new = loop.create(priority=OWN)
-    await loop.feed()
-    await loop.enforce()
+    old, new = await held_for_a_newer(loop)
     assert await state(loop, old) == "held"
     assert (runs(loop, old), priority(loop, old)) == ([("pending", None)], "lowest")
     assert priority(loop, new) == OWN
@@ -70,10 +76,7 @@ async def test_a_released_victim_gets_its_priority_back_and_spends_no_retry(
     queue_emulator: QueueEmulator, store: Store
 ) -> None:
     loop = holding(queue_emulator, store)
-    old = loop.create(priority=OWN)
-    new = loop.create(priority=OWN)
-    await loop.feed()
-    await loop.enforce()
+    old, new = await held_for_a_newer(loop)
     loop.resolve(loop.claim(new), "failed")
     await loop.enforce()
     assert (runs(loop, old), priority(loop, old)) == ([("pending", None)], OWN)
@@ -86,10 +89,7 @@ async def test_a_victim_an_idle_worker_took_runs_and_is_left_its_own_result(
     queue_emulator: QueueEmulator, store: Store
 ) -> None:
     loop = holding(queue_emulator, store)
-    old = loop.create(priority=OWN)
-    new = loop.create(priority=OWN)
-    await loop.feed()
-    await loop.enforce()
+    old, new = await held_for_a_newer(loop)
     loop.resolve(loop.claim(old), "completed")  # nothing else was pending
     loop.em.clock.advance(700)  # past the next look at it
     await loop.enforce()

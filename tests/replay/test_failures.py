@@ -431,6 +431,18 @@ def held_behind_busy(culprit: int, priority: int = 0, workers: int = 1) -> Histo
     return history(task("busy", 0, 60, key=None), *pushes, workers=workers)
 
 
+#: Each task's fate in :func:`held_behind_busy` broken from p5, searched one run at a time.
+FOUND_P5 = {
+    "busy": ("completed", 60, ""),
+    **{f"p{n}": ("superseded", 100, "p4") for n in range(3)},
+    "p3": ("completed", 80, ""),
+    "p4": ("completed", 100, ""),
+    "p5": ("failed", 90, ""),
+    **{f"p{n}": ("superseded", 100, "p5") for n in (6, 7)},
+    "p8": ("failed", 70, ""),
+}
+
+
 @pytest.mark.usefixtures("redis_client")  # findings outlive the replay
 def test_the_enforcer_s_bisect_locates_the_culprit_and_supersedes_the_rest() -> None:
     h = held_behind_busy(5)
@@ -439,15 +451,7 @@ def test_the_enforcer_s_bisect_locates_the_culprit_and_supersedes_the_rest() -> 
     # p8 fails at 70: the enforcer releases p3 (passes at 80), then p5 (fails at 90), then
     # p4 (passes at 100): p5 is the culprit, p4 the last good; no confirmation (bisect-confirm
     # 0).
-    assert fates(h, out) == {
-        "busy": ("completed", 60, ""),
-        **{f"p{n}": ("superseded", 100, "p4") for n in range(3)},
-        "p3": ("completed", 80, ""),
-        "p4": ("completed", 100, ""),
-        "p5": ("failed", 90, ""),
-        **{f"p{n}": ("superseded", 100, "p5") for n in (6, 7)},
-        "p8": ("failed", 70, ""),
-    }
+    assert fates(h, out) == FOUND_P5
     ids = [t.task_id for t in h.tasks]
     assert out.searches == [
         Search(ids.index("p8"), ids.index("p5"), ids.index("p4"), T(70), T(100), 3, rounds=3)
@@ -473,15 +477,7 @@ def test_victims_waiting_at_the_lowest_priority_are_probed_in_the_run_they_waite
     # pushes' own priority "low"): the same search, the same fates, and no run given back.
     h = held_behind_busy(5, priority=priority_rank("low"))
     out, s = run(h, bisect_policy(hold_by="priority"))
-    assert fates(h, out) == {
-        "busy": ("completed", 60, ""),
-        **{f"p{n}": ("superseded", 100, "p4") for n in range(3)},
-        "p3": ("completed", 80, ""),
-        "p4": ("completed", 100, ""),
-        "p5": ("failed", 90, ""),
-        **{f"p{n}": ("superseded", 100, "p5") for n in (6, 7)},
-        "p8": ("failed", 70, ""),
-    }
+    assert fates(h, out) == FOUND_P5
     ids = [t.task_id for t in h.tasks]
     assert [out.runs[ids.index(f"p{n}")] for n in range(9)] == [1] * 9
     assert (s.extra_runs, s.located, s.wrong_culprits, s.lost) == (3, 1, 0, 0)

@@ -246,6 +246,14 @@ class Bisection:
         self.trusted.add(index)
         self._verdict(index, False)
 
+    def believe(self, index: int) -> None:
+        """Know push ``index`` broken without running it (an earlier search's culprit, not
+        seen passing since): it failed for good."""
+        if index in self.verdicts or index in self.dropped or not 0 <= index < self.n:
+            raise ValueError(f"push {index} has a verdict already, or is not a victim")
+        self.trusted.add(index)
+        self._verdict(index, False)
+
     def drop(self, index: int) -> None:
         """Take push ``index`` out of the search: it gave no verdict and runs itself."""
         if index in self.verdicts:

@@ -13,7 +13,8 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
      "longest": ms (the longest run seen, the primary's first),
      "victims": [[taskId, heldRunId, deadline_ms], ...]   (oldest first),
      "results": [{"i", "run", "attempt", "passed": true | false | null (dropped), "ended": ms,
-                  "trusted": true (a failure not confirmed: no scope to rerun; optional)}, ...],
+                  "trusted": true (a failure not confirmed: no scope to rerun; optional),
+                  "known": true (a culprit an earlier search named: no run; optional)}, ...],
      "parallel": runs at once (bisect-parallel; 1 when absent),
      "rounds": waves of runs so far (a run started while none of the search's ran begins one),
      "probes": [{"i", "run", "since", "attempt"}, ...]   (the runs under way; an older record
@@ -118,6 +119,8 @@ def replay(doc: Mapping[str, Any]) -> Bisection:
     for result in doc["results"]:
         if result["passed"] is None:
             search.drop(result["i"])
+        elif result.get("known"):
+            search.believe(result["i"])
         elif result.get("trusted"):
             search.trust(result["i"])
         else:
@@ -228,12 +231,14 @@ class Searcher:
         if "flake" not in doc:
             # Once, before anything runs: the key's flake rate from what its searches saw, and
             # the pushes of the gap the primary did not hold.
-            doc["flake"] = verdicts.flake_rate(await bisections.recent(self.store, key, FLAKES))
+            findings = await bisections.recent(self.store, key, FLAKES)
+            doc["flake"] = verdicts.flake_rate(findings)
             moves = await self._widen(key, primary, doc)
             if not doc["victims"]:
                 # Nothing held, no gap: the failure is the push's own result; no search.
                 await self._searched(key, primary, doc)
                 return await self._write(key, primary, raw, None, moves)
+            self._known_culprits(primary, doc, findings)
             return await self._write(key, primary, raw, doc, moves)
         probes = _probes(doc)
         now = self.now_ms()
@@ -246,7 +251,10 @@ class Searcher:
         left = [
             i
             for i in range(len(doc["victims"]))
-            if i not in search.ran and i not in search.dropped and i not in running
+            if i not in search.ran
+            and i not in search.dropped
+            and i not in search.verdicts
+            and i not in running
         ]
         gap = doc.get("gap", {})
         states: dict[int, str | None] = {}
@@ -334,6 +342,34 @@ class Searcher:
             len(doc["victims"]),
         )
         return True
+
+    def _known_culprits(
+        self, primary: str, doc: dict[str, Any], findings: list[dict[str, Any]]
+    ) -> None:
+        """Pushes of the gap an earlier search named the culprit, in the run it named (failed,
+        and not run since): known broken, they are not run again. A key that stays broken
+        fails push after push, and no push of it has passed since that culprit (the gap's
+        floor is below it): the search starts from what was found, instead of running the
+        same pushes again for every failing primary."""
+        named = {
+            (f["culprit"]["taskId"], int(f["culprit"]["runId"]))
+            for f in findings
+            if f.get("verdict") == "culprit" and f.get("culprit")
+        }
+        gap = doc.get("gap", {})
+        for i, (task_id, run, _) in enumerate(doc["victims"]):
+            if task_id in gap and (task_id, run) in named:
+                doc["results"].append(
+                    {"i": i, "run": run, "attempt": 0, "passed": False, "known": True}
+                    | {"ended": int(doc["ended"])}
+                )
+                log.info(
+                    "bisection after %s: %s, the culprit an earlier search named, has not "
+                    "passed since: the search starts from it",
+                    primary,
+                    task_id,
+                    extra={"task_id": task_id},
+                )
 
     async def _own_runs(
         self, key: str, doc: Mapping[str, Any], held: list[int], states: frozenset[str]
@@ -856,7 +892,11 @@ class Searcher:
                 moves.append(
                     outbox.Move(victim, "bisecting", "settling", "release", reason=why, emit=True)
                 )
-        ran = [r for r in results if r["passed"] is not None and not r.get("trusted")]
+        ran = [
+            r
+            for r in results
+            if r["passed"] is not None and not r.get("trusted") and not r.get("known")
+        ]
         ended = [r["ended"] for r in results]
         located = max(ended, default=int(doc["ended"]))
         first = {"attempt": 0, "passed": False, "ended": format_time_ms(int(doc["ended"]))}

@@ -78,6 +78,37 @@ async def test_a_culprit_canceled_by_an_earlier_decision_runs_again_and_is_named
     assert loop.last_run(newest)["runId"] == 0
 
 
+async def test_a_key_that_stays_broken_is_not_searched_again_below_its_culprit(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = Loop(queue_emulator, store, gap_policy())
+    good = loop.create()
+    loop.resolve(loop.claim(good), "completed")
+    culprit = loop.create()
+    loop.claim(culprit)  # running when a newer push arrives: canceled by the decision
+    first = loop.create()
+    await loop.feed()
+    await enforce(loop, "e1")
+    loop.resolve(loop.claim(first), "failed")
+    await enforce(loop, "e1")
+    loop.resolve(loop.claim(culprit), "failed")  # run again for the search: the culprit
+    await enforce(loop, "e1")
+    [found] = await bisections.for_task(loop.store, ["k"], first)
+    assert found["culprit"] == {"taskId": culprit, "runId": 1}
+    # The key stays broken: the next push fails too, and no push has passed since.
+    later = loop.create()
+    loop.resolve(loop.claim(later), "failed")
+    await enforce(loop, "e1")
+    [finding] = await bisections.for_task(loop.store, ["k"], later)
+    assert finding["verdict"] == "culprit"
+    assert finding["culprit"] == {"taskId": culprit, "runId": 1}
+    assert finding["lastGood"] == {"taskId": good, "runId": 0}
+    # Nothing ran again: not the culprit, not the failed push above it (which it stands for).
+    assert finding["extraRuns"] == 0 and finding["gap"] == 2
+    assert [r["runId"] for r in loop.status(culprit)["runs"]] == [0, 1]
+    assert [r["runId"] for r in loop.status(first)["runs"]] == [0]
+
+
 def push(loop: Loop, n: int) -> tuple[str, str]:
     """Push ``n``: a build and the test that depends on it, ranked by their ``push`` tag."""
     tags = {"push": str(n)}

@@ -408,3 +408,21 @@ def test_the_culprit_is_where_a_breakage_began_above_every_pass_the_search_saw(
     assert all(i < culprit for i, ok in found.verdicts.items() if ok and i < top)
     for victim, push in stood.items():
         assert push == (good if victim < culprit else culprit if victim < top else n)
+
+
+def test_a_push_believed_broken_is_not_run_and_the_search_goes_on_below_it() -> None:
+    # Push 3 of 8 is an earlier search's culprit: the search looks only below it.
+    found = Bisection.start(8, 0, T0)
+    found.believe(3)
+    assert found.bad == 3 and 3 not in found.ran
+    assert found.next() == Probe(1, 0)
+    found.record(1, True)
+    found.record(2, True)
+    assert found.done and found.named == 3 and found.last_good == 2
+    assert len(found.runs) == 3  # the primary's failure and two probes: push 3 never ran
+    # It stands for the pushes above it as any culprit does; the last good for those below.
+    assert stand_ins(found) == {0: 2, 4: 3, 5: 3, 6: 3, 7: 3}
+    with pytest.raises(ValueError):
+        found.believe(3)
+    with pytest.raises(ValueError):
+        found.believe(8)  # the primary: its own run says

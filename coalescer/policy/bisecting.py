@@ -14,7 +14,8 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
      "victims": [[taskId, heldRunId, deadline_ms], ...]   (oldest first),
      "results": [{"i", "run", "attempt", "passed": true | false | null (dropped), "ended": ms,
                   "trusted": true (a failure not confirmed: no scope to rerun; optional),
-                  "known": true (a culprit an earlier search named: no run; optional)}, ...],
+                  "known": true (a culprit an earlier search named, with its "probability":
+                  no run; optional)}, ...],
      "parallel": runs at once (bisect-parallel; 1 when absent),
      "rounds": waves of runs so far (a run started while none of the search's ran begins one),
      "probes": [{"i", "run", "since", "attempt"}, ...]   (the runs under way; an older record
@@ -352,7 +353,7 @@ class Searcher:
         floor is below it): the search starts from what was found, instead of running the
         same pushes again for every failing primary."""
         named = {
-            (f["culprit"]["taskId"], int(f["culprit"]["runId"]))
+            (f["culprit"]["taskId"], int(f["culprit"]["runId"])): f.get("probability")
             for f in findings
             if f.get("verdict") == "culprit" and f.get("culprit")
         }
@@ -361,7 +362,7 @@ class Searcher:
             if task_id in gap and (task_id, run) in named:
                 doc["results"].append(
                     {"i": i, "run": run, "attempt": 0, "passed": False, "known": True}
-                    | {"ended": int(doc["ended"])}
+                    | {"ended": int(doc["ended"]), "probability": named[task_id, run]}
                 )
                 log.info(
                     "bisection after %s: %s, the culprit an earlier search named, has not "
@@ -897,6 +898,16 @@ class Searcher:
             for r in results
             if r["passed"] is not None and not r.get("trusted") and not r.get("known")
         ]
+        # A culprit known from an earlier search is as probably broken as that search found.
+        earlier = {
+            int(r["i"]): float(r["probability"])
+            for r in results
+            if r.get("known") and r.get("probability") is not None
+        }
+
+        def probability(i: int) -> float:
+            return earlier.get(i, search.probability(i))
+
         ended = [r["ended"] for r in results]
         located = max(ended, default=int(doc["ended"]))
         first = {"attempt": 0, "passed": False, "ended": format_time_ms(int(doc["ended"]))}
@@ -909,7 +920,7 @@ class Searcher:
             "verdict": str(verdict),
             "culprit": None if named is None else ref(named),
             "suspect": None if culprit is None or culprit == named else ref(culprit),
-            "probability": None if culprit is None else round(search.probability(culprit), 6),
+            "probability": None if culprit is None else round(probability(culprit), 6),
             "flake": round(search.flake, 6),
             "lastGood": ref(good) if good is not None else _floor(doc, culprit),
             "runs": [ref(n, int(doc["primaryRun"])) | first]

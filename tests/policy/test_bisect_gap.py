@@ -103,6 +103,7 @@ async def test_a_key_that_stays_broken_is_not_searched_again_below_its_culprit(
     assert finding["verdict"] == "culprit"
     assert finding["culprit"] == {"taskId": culprit, "runId": 1}
     assert finding["lastGood"] == {"taskId": good, "runId": 0}
+    assert finding["probability"] == found["probability"]
     # Nothing ran again: not the culprit, not the failed push above it (which it stands for).
     assert finding["extraRuns"] == 0 and finding["gap"] == 2
     assert [r["runId"] for r in loop.status(culprit)["runs"]] == [0, 1]

@@ -129,6 +129,28 @@ def replay(doc: Mapping[str, Any]) -> Bisection:
     return search
 
 
+def known_broken(doc: Mapping[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results a search starts with: the pushes of its gap an earlier search of the key
+    named the culprit, in the run it named (failed, and not run since). Known broken
+    (``known``, with that search's ``probability``), they are not run again. A key that stays
+    broken fails push after push, and no push of it has passed since its culprit (the gap's
+    floor is below it): the search starts from what was found, instead of running the same
+    pushes again for every failing primary. A suspect (an inconclusive search's) is not
+    known: believed, a flaky key's would be named."""
+    named = {
+        (f["culprit"]["taskId"], int(f["culprit"]["runId"])): f.get("probability")
+        for f in findings
+        if f.get("verdict") == "culprit" and f.get("culprit")
+    }
+    gap = doc.get("gap", {})
+    return [
+        {"i": i, "run": run, "attempt": 0, "passed": False, "known": True}
+        | {"ended": int(doc["ended"]), "probability": named[task_id, run]}
+        for i, (task_id, run, _) in enumerate(doc["victims"])
+        if task_id in gap and (task_id, run) in named
+    ]
+
+
 def victims(record: str) -> set[str]:
     """The victims of one search under way, from its record (as
     :func:`coalescer.store.policy.searches` reads it)."""
@@ -239,7 +261,15 @@ class Searcher:
                 # Nothing held, no gap: the failure is the push's own result; no search.
                 await self._searched(key, primary, doc)
                 return await self._write(key, primary, raw, None, moves)
-            self._known_culprits(primary, doc, findings)
+            for known in known_broken(doc, findings):
+                doc["results"].append(known)
+                log.info(
+                    "bisection after %s: %s, the culprit an earlier search named, has not "
+                    "passed since: the search starts from it",
+                    primary,
+                    _task(doc, known["i"]),
+                    extra={"task_id": _task(doc, known["i"])},
+                )
             return await self._write(key, primary, raw, doc, moves)
         probes = _probes(doc)
         now = self.now_ms()
@@ -343,34 +373,6 @@ class Searcher:
             len(doc["victims"]),
         )
         return True
-
-    def _known_culprits(
-        self, primary: str, doc: dict[str, Any], findings: list[dict[str, Any]]
-    ) -> None:
-        """Pushes of the gap an earlier search named the culprit, in the run it named (failed,
-        and not run since): known broken, they are not run again. A key that stays broken
-        fails push after push, and no push of it has passed since that culprit (the gap's
-        floor is below it): the search starts from what was found, instead of running the
-        same pushes again for every failing primary."""
-        named = {
-            (f["culprit"]["taskId"], int(f["culprit"]["runId"])): f.get("probability")
-            for f in findings
-            if f.get("verdict") == "culprit" and f.get("culprit")
-        }
-        gap = doc.get("gap", {})
-        for i, (task_id, run, _) in enumerate(doc["victims"]):
-            if task_id in gap and (task_id, run) in named:
-                doc["results"].append(
-                    {"i": i, "run": run, "attempt": 0, "passed": False, "known": True}
-                    | {"ended": int(doc["ended"]), "probability": named[task_id, run]}
-                )
-                log.info(
-                    "bisection after %s: %s, the culprit an earlier search named, has not "
-                    "passed since: the search starts from it",
-                    primary,
-                    task_id,
-                    extra={"task_id": task_id},
-                )
 
     async def _own_runs(
         self, key: str, doc: Mapping[str, Any], held: list[int], states: frozenset[str]

@@ -18,6 +18,7 @@ from coalescer.bisection import (
     max_runs,
     stand_ins,
 )
+from coalescer.policy.bisecting import known_broken
 from coalescer.verdicts import Verdict
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
@@ -426,3 +427,25 @@ def test_a_push_believed_broken_is_not_run_and_the_search_goes_on_below_it() -> 
         found.believe(3)
     with pytest.raises(ValueError):
         found.believe(8)  # the primary: its own run says
+
+
+def test_a_search_starts_from_the_culprits_earlier_searches_named() -> None:
+    doc = {
+        "ended": 5_000,
+        "victims": [["a", 0, 9], ["b", 1, 9], ["d", 0, 9], ["held", 0, 9]],
+        "gap": {"a": [], "b": [], "d": []},
+    }
+    findings = [
+        {"verdict": "culprit", "culprit": {"taskId": "a", "runId": 0}, "probability": 0.95},
+        # An inconclusive search's suspect, however probable: believed, a flaky key's would be
+        # named.
+        {"verdict": "inconclusive", "suspect": {"taskId": "b", "runId": 1}, "probability": 0.998},
+        # Named in a run the push has since run again after: not the run the gap holds.
+        {"verdict": "culprit", "culprit": {"taskId": "d", "runId": 1}, "probability": 0.999},
+        # Held by the primary, not a push of the gap: it never failed.
+        {"verdict": "culprit", "culprit": {"taskId": "held", "runId": 0}, "probability": 1},
+        {"verdict": "flaky", "culprit": None, "suspect": None, "probability": None},
+    ]
+    known = known_broken(doc, findings)
+    assert [(r["i"], r["run"], r["probability"]) for r in known] == [(0, 0, 0.95)]
+    assert all(r["known"] and r["passed"] is False and r["ended"] == 5_000 for r in known)

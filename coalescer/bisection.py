@@ -26,6 +26,8 @@ first failing push is it or older; if it passes, newer. :class:`Bisection` keeps
   the primary's result stands for every victim. A push that failed for good beside it (runs
   at once) is a breakage the primary's push fixed: the search goes on below it
   (:attr:`Bisection.top`), and the primary stands for the victims above it.
+* :meth:`Bisection.believe` knows a push broken without running it (a culprit an earlier
+  search named): the search looks only below it.
 * :meth:`Bisection.drop` takes a push out of the search that gave no verdict (its claim was
   lost, its deadline came, it ended in an exception): it runs itself, stood for by nobody.
 
@@ -112,7 +114,8 @@ class Bisection:
     verdicts: dict[int, bool] = dataclasses.field(default_factory=dict)
     #: Failed pushes whose reruns were spent short of ``confidence``.
     unsure: set[int] = dataclasses.field(default_factory=set)
-    #: Failed pushes believed without their confirmation (:meth:`trust`).
+    #: Failed pushes believed without their confirmation (:meth:`trust`), or without a run
+    #: (:meth:`believe`).
     trusted: set[int] = dataclasses.field(default_factory=set)
     #: Failed pushes awaiting a confirmation, with their failures in a row so far.
     _failures: dict[int, int] = dataclasses.field(default_factory=dict, init=False)

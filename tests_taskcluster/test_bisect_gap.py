@@ -4,7 +4,9 @@
 ``tests/policy/test_bisect_gap.py`` does on the emulator:
 
 * a regression whose culprit push was canceled by an earlier decision (``supersede-running``)
-  is found: the canceled push runs again (``rerunTask``) and is named, ``gap`` 1;
+  is found: the canceled push runs again (``rerunTask``) and is named, ``gap`` 1; the key
+  stays broken, and the next push's failure is searched from that culprit, run again by
+  nobody;
 * a push whose test was never scheduled (its build superseded by a newer push's, the test left
   as it was: ``cascade: leave``) is found through the failed test's build
   (``listDependentTasks``) and placed by its rank tag (``COALESCER_RANK_TAG``): its build runs
@@ -163,6 +165,31 @@ async def test_a_culprit_canceled_by_an_earlier_decision_runs_again_and_is_named
     assert len(findings()) == 1
     assert results(queue, newest) == newest_runs
     assert results(queue, culprit) == culprit_runs
+
+    # The key stays broken: push 3 fails too, no push having passed since push 1. Its search
+    # starts from the culprit the first one named: neither push 1 nor push 2 runs again.
+    later = queue.create(KEY)
+    await loop.eventually(lambda: pending(loop, later, present=True), "push 3 indexed")
+    fates[later] = "failed"
+
+    def again() -> list[dict[str, Any]]:
+        return list(lineage(service, later).get("bisection") or [])
+
+    def over_again() -> bool:
+        work(queue, fates)
+        return queue.state(later) in RESOLVED and bool(again())
+
+    await loop.eventually(lambda: in_thread(over_again), "the second search", within=WITHIN)
+    [second] = again()
+    assert second["verdict"] == "culprit"
+    assert second["culprit"] == finding["culprit"]
+    assert second["probability"] == finding["probability"]
+    assert (second["held"], second["gap"]) == (0, 2)
+    assert second["extraRuns"] == len(results(queue, later)) - 1  # its own confirmations
+    assert results(queue, culprit) == culprit_runs
+    assert results(queue, newest) == newest_runs
+    log = loop.procs.output("enforce")
+    assert f"{culprit}, the culprit an earlier search named, has not passed since" in log
 
 
 def push(queue: RealQueue, n: int) -> tuple[str, str]:

@@ -26,8 +26,8 @@ first failing push is it or older; if it passes, newer. :class:`Bisection` keeps
   the primary's result stands for every victim. A push that failed for good beside it (runs
   at once) is a breakage the primary's push fixed: the search goes on below it
   (:attr:`Bisection.top`), and the primary stands for the victims above it.
-* :meth:`Bisection.believe` knows a push broken without running it (a culprit an earlier
-  search named): the search looks only below it.
+* :meth:`Bisection.believe` knows a push broken without running it (what an earlier search
+  found failing first): the search looks only below it.
 * :meth:`Bisection.drop` takes a push out of the search that gave no verdict (its claim was
   lost, its deadline came, it ended in an exception): it runs itself, stood for by nobody.
 
@@ -250,8 +250,8 @@ class Bisection:
         self._verdict(index, False)
 
     def believe(self, index: int) -> None:
-        """Know push ``index`` broken without running it (an earlier search's culprit, not
-        seen passing since): it failed for good."""
+        """Know push ``index`` broken without running it (what an earlier search found failing
+        first, not run since): it failed for good."""
         if index in self.verdicts or index in self.dropped or not 0 <= index < self.n:
             raise ValueError(f"push {index} has a verdict already, or is not a victim")
         self.trusted.add(index)

@@ -14,8 +14,9 @@ When a primary fails, ``decide.lua`` turns every victim held for it (down its ch
      "victims": [[taskId, heldRunId, deadline_ms], ...]   (oldest first),
      "results": [{"i", "run", "attempt", "passed": true | false | null (dropped), "ended": ms,
                   "trusted": true (a failure not confirmed: no scope to rerun; optional),
-                  "known": true (a culprit an earlier search named, with its "probability":
-                  no run; optional)}, ...],
+                  "known": true (what an earlier search found failing first, with its
+                  "probability", and "suspect": true when it named no culprit: no run;
+                  optional)}, ...],
      "parallel": runs at once (bisect-parallel; 1 when absent),
      "rounds": waves of runs so far (a run started while none of the search's ran begins one),
      "probes": [{"i", "run", "since", "attempt"}, ...]   (the runs under way; an older record
@@ -131,21 +132,28 @@ def replay(doc: Mapping[str, Any]) -> Bisection:
 
 def known_broken(doc: Mapping[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The results a search starts with: the pushes of its gap an earlier search of the key
-    named the culprit, in the run it named (failed, and not run since). Known broken
-    (``known``, with that search's ``probability``), they are not run again. A key that stays
-    broken fails push after push, and no push of it has passed since its culprit (the gap's
-    floor is below it): the search starts from what was found, instead of running the same
-    pushes again for every failing primary. A suspect (an inconclusive search's) is not
-    known: believed, a flaky key's would be named."""
-    named = {
-        (f["culprit"]["taskId"], int(f["culprit"]["runId"])): f.get("probability")
-        for f in findings
-        if f.get("verdict") == "culprit" and f.get("culprit")
-    }
+    found failing first, in the run it named (failed, and not run since), as probably broken
+    as this search asks: its culprit, or the suspect of a search left inconclusive by pushes
+    it could not see (``suspect``: a suspect no run of this search made a culprit is never
+    named; believed and named, a flaky key's were). Known broken (``known``, with that
+    search's ``probability``), they are not run again. A key that stays broken fails push
+    after push, and no push of it has passed since (the gap's floor is below them): the search
+    starts from what was found, instead of running the same pushes again for every failing
+    primary."""
+    confidence = float(doc.get("confidence", verdicts.DEFAULT_CONFIDENCE))
+    named: dict[tuple[str, int], tuple[float | None, bool]] = {}
+    for f in findings:
+        if f.get("verdict") == "culprit" and f.get("culprit"):
+            ref = f["culprit"]
+            named[ref["taskId"], int(ref["runId"])] = (f.get("probability"), False)
+        elif f.get("suspect") and (f.get("probability") or 0) >= confidence:
+            ref = f["suspect"]
+            named.setdefault((ref["taskId"], int(ref["runId"])), (f.get("probability"), True))
     gap = doc.get("gap", {})
     return [
         {"i": i, "run": run, "attempt": 0, "passed": False, "known": True}
-        | {"ended": int(doc["ended"]), "probability": named[task_id, run]}
+        | {"ended": int(doc["ended"]), "probability": named[task_id, run][0]}
+        | ({"suspect": True} if named[task_id, run][1] else {})
         for i, (task_id, run, _) in enumerate(doc["victims"])
         if task_id in gap and (task_id, run) in named
     ]
@@ -264,10 +272,11 @@ class Searcher:
             for known in known_broken(doc, findings):
                 doc["results"].append(known)
                 log.info(
-                    "bisection after %s: %s, the culprit an earlier search named, has not "
-                    "passed since: the search starts from it",
+                    "bisection after %s: %s, the %s an earlier search named, has not passed "
+                    "since: the search starts from it",
                     primary,
                     _task(doc, known["i"]),
+                    "suspect" if known.get("suspect") else "culprit",
                     extra={"task_id": _task(doc, known["i"])},
                 )
             return await self._write(key, primary, raw, doc, moves)
@@ -845,6 +854,16 @@ class Searcher:
                     floor,
                     format_time_ms(since),
                 )
+        if named is not None and any(
+            r["i"] == named and r.get("suspect") for r in results if r.get("known")
+        ):
+            # The earlier search's suspect, and nothing this one ran made it more.
+            log.info(
+                "bisection after %s: it ends on %s, an earlier search's suspect: inconclusive",
+                primary,
+                _task(doc, named),
+            )
+            verdict, named = Verdict.INCONCLUSIVE, None
         intermittent_primary = search.verdicts.get(n) is True
         moves: list[outbox.Move] = []
         stands_for: list[dict[str, Any]] = []
@@ -900,7 +919,7 @@ class Searcher:
             for r in results
             if r["passed"] is not None and not r.get("trusted") and not r.get("known")
         ]
-        # A culprit known from an earlier search is as probably broken as that search found.
+        # A push known broken from an earlier search is as probably broken as that one found.
         earlier = {
             int(r["i"]): float(r["probability"])
             for r in results

@@ -110,6 +110,48 @@ async def test_a_key_that_stays_broken_is_not_searched_again_below_its_culprit(
     assert [r["runId"] for r in loop.status(first)["runs"]] == [0]
 
 
+async def test_an_earlier_search_s_sure_suspect_is_not_run_again_nor_named(
+    queue_emulator: QueueEmulator, store: Store
+) -> None:
+    loop = Loop(queue_emulator, store, gap_policy())
+    good = loop.create()
+    loop.resolve(loop.claim(good), "completed")
+    suspect = loop.create()
+    loop.resolve(loop.claim(suspect), "failed")  # held nothing: no search of its own
+    await enforce(loop, "e1")
+    # An earlier search found it failing first, surely, but could not see a push below it.
+    ref = {"taskId": suspect, "runId": 0}
+    earlier = {
+        "key": "k",
+        "by": "coalescer enforce",
+        "primary": ref,
+        "held": 0,
+        "verdict": "inconclusive",
+        "culprit": None,
+        "suspect": ref,
+        "probability": 0.999,
+        "flake": 0.05,
+        "lastGood": None,
+        "runs": [ref | {"attempt": 0, "passed": False, "ended": "2026-01-01T00:00:00.000Z"}],
+        "intermittent": [],
+        "standsFor": [],
+        "extraRuns": 0,
+        "rounds": 0,
+        "located": "2026-01-01T00:00:00.000Z",
+    }
+    assert await bisections.record(loop.store, earlier, 1)
+    later = loop.create()
+    loop.resolve(loop.claim(later), "failed")
+    await enforce(loop, "e1")
+    [finding] = await bisections.for_task(loop.store, ["k"], later)
+    # The search starts from it and runs nothing (bisect-confirm 0), but a suspect it was and
+    # stays: nothing this search ran makes it a culprit.
+    assert finding["verdict"] == "inconclusive" and finding["culprit"] is None
+    assert finding["suspect"] == ref and finding["probability"] == 0.999
+    assert finding["extraRuns"] == 0
+    assert [r["runId"] for r in loop.status(suspect)["runs"]] == [0]
+
+
 def push(loop: Loop, n: int) -> tuple[str, str]:
     """Push ``n``: a build and the test that depends on it, ranked by their ``push`` tag."""
     tags = {"push": str(n)}

@@ -429,17 +429,19 @@ def test_a_push_believed_broken_is_not_run_and_the_search_goes_on_below_it() -> 
         found.believe(8)  # the primary: its own run says
 
 
-def test_a_search_starts_from_the_culprits_earlier_searches_named() -> None:
+def test_a_search_starts_from_what_earlier_searches_found_failing_first() -> None:
     doc = {
         "ended": 5_000,
-        "victims": [["a", 0, 9], ["b", 1, 9], ["d", 0, 9], ["held", 0, 9]],
-        "gap": {"a": [], "b": [], "d": []},
+        "confidence": 0.99,
+        "victims": [["a", 0, 9], ["b", 1, 9], ["c", 2, 9], ["d", 0, 9], ["held", 0, 9]],
+        "gap": {"a": [], "b": [], "c": [], "d": []},
     }
     findings = [
         {"verdict": "culprit", "culprit": {"taskId": "a", "runId": 0}, "probability": 0.95},
-        # An inconclusive search's suspect, however probable: believed, a flaky key's would be
-        # named.
+        # Inconclusive for a push below it the search could not see: its failure is sure.
         {"verdict": "inconclusive", "suspect": {"taskId": "b", "runId": 1}, "probability": 0.998},
+        # Its reruns spent short of the confidence: not known broken.
+        {"verdict": "inconclusive", "suspect": {"taskId": "c", "runId": 2}, "probability": 0.9},
         # Named in a run the push has since run again after: not the run the gap holds.
         {"verdict": "culprit", "culprit": {"taskId": "d", "runId": 1}, "probability": 0.999},
         # Held by the primary, not a push of the gap: it never failed.
@@ -447,5 +449,8 @@ def test_a_search_starts_from_the_culprits_earlier_searches_named() -> None:
         {"verdict": "flaky", "culprit": None, "suspect": None, "probability": None},
     ]
     known = known_broken(doc, findings)
-    assert [(r["i"], r["run"], r["probability"]) for r in known] == [(0, 0, 0.95)]
+    assert [(r["i"], r["run"], r["probability"], r.get("suspect", False)) for r in known] == [
+        (0, 0, 0.95, False),
+        (1, 1, 0.998, True),
+    ]
     assert all(r["known"] and r["passed"] is False and r["ended"] == 5_000 for r in known)

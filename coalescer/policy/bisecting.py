@@ -44,7 +44,9 @@ step taken twice, or an enforcer that dies between two steps changes nothing or 
   taking it, and the dependencies it lacks, from their keys' decisions (``settle.lua``'s
   ``reserve``: ``probing``), running those dependencies again, then it (``rerunTask``, or the
   queue schedules it); nothing holds it, so nothing is superseded or released for it at the
-  end. With nothing held and no gap, the record is dropped at once: no search.
+  end. What an earlier search of the key found failing first enters the search known broken
+  (:func:`known_broken`), not run again. With nothing held and no gap, the record is dropped
+  at once: no search.
 * Probes and confirmations jump the queue: right after a victim is released or a task rerun
   for the search, its priority is raised to ``highest`` (``changeTaskPriority``). A queue or
   credentials without it (401, 403, 404) leave the priority as it is, said once in the log.
@@ -134,8 +136,8 @@ def known_broken(doc: Mapping[str, Any], findings: list[dict[str, Any]]) -> list
     """The results a search starts with: the pushes of its gap an earlier search of the key
     found failing first, in the run it named (failed, and not run since), as probably broken
     as this search asks: its culprit, or the suspect of a search left inconclusive by pushes
-    it could not see (``suspect``: a suspect no run of this search made a culprit is never
-    named; believed and named, a flaky key's were). Known broken (``known``, with that
+    it could not see (``suspect``: this search never names it, as nothing it ran made it a
+    culprit; named, a flaky key's suspects were wrong). Known broken (``known``, with that
     search's ``probability``), they are not run again. A key that stays broken fails push
     after push, and no push of it has passed since (the gap's floor is below them): the search
     starts from what was found, instead of running the same pushes again for every failing

@@ -8,12 +8,51 @@ import html
 import json
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from tests.soak.checker import percentile
+from tests.soak.checker import Findings, percentile
+from tests.soak.faults import Faults
+from tests.soak.load import Prober, Pusher
 
-if TYPE_CHECKING:
-    from tests.soak.runner import Soak
+
+class Settings(Protocol):
+    """What the report reads of a soak's settings (``tests.soak.runner.Config``)."""
+
+    @property
+    def duration(self) -> float: ...
+    @property
+    def store(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def report_dir(self) -> Path: ...
+
+
+class Soak(Protocol):
+    """What the report reads of a soak that ran (``tests.soak.runner.Soak``)."""
+
+    @property
+    def config(self) -> Settings: ...
+    @property
+    def faults(self) -> Faults: ...
+    @property
+    def findings(self) -> Findings: ...
+    @property
+    def prober(self) -> Prober: ...
+    @property
+    def pusher(self) -> Pusher: ...
+    @property
+    def bursts(self) -> list[tuple[float, float]]: ...
+    @property
+    def samples(self) -> list[tuple[float, str, int, int]]: ...
+    @property
+    def notes(self) -> list[str]: ...
+    @property
+    def t0(self) -> float: ...
+    @property
+    def ended(self) -> float: ...
+
 
 #: faults during which a slow or failed query is expected (the store's, serve killed): the
 #: burst p99 leaves them out

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.soak.runner import Config, Soak
+from tests.soak.config import Config
+from tests.soak.runner import Soak
 
 
 def main(argv: list[str] | None = None) -> int:

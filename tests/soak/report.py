@@ -8,50 +8,27 @@ import html
 import json
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any, Protocol
 
 from tests.soak.checker import Findings, percentile
+from tests.soak.config import Config
 from tests.soak.faults import Faults
 from tests.soak.load import Prober, Pusher
-
-
-class Settings(Protocol):
-    """What the report reads of a soak's settings (``tests.soak.runner.Config``)."""
-
-    @property
-    def duration(self) -> float: ...
-    @property
-    def store(self) -> str: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def report_dir(self) -> Path: ...
 
 
 class Soak(Protocol):
     """What the report reads of a soak that ran (``tests.soak.runner.Soak``)."""
 
-    @property
-    def config(self) -> Settings: ...
-    @property
-    def faults(self) -> Faults: ...
-    @property
-    def findings(self) -> Findings: ...
-    @property
-    def prober(self) -> Prober: ...
-    @property
-    def pusher(self) -> Pusher: ...
-    @property
-    def bursts(self) -> list[tuple[float, float]]: ...
-    @property
-    def samples(self) -> list[tuple[float, str, int, int]]: ...
-    @property
-    def notes(self) -> list[str]: ...
-    @property
-    def t0(self) -> float: ...
-    @property
-    def ended(self) -> float: ...
+    config: Config
+    faults: Faults
+    findings: Findings
+    prober: Prober
+    pusher: Pusher
+    bursts: list[tuple[float, float]]
+    samples: list[tuple[float, str, int, int]]
+    notes: list[str]
+    t0: float
+    ended: float
 
 
 #: faults during which a slow or failed query is expected (the store's, serve killed): the

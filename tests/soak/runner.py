@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import inspect
 import os
 import random
@@ -15,7 +14,6 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,6 +28,7 @@ from coalescer.store import policy as outbox
 from tests.ports import free_port
 from tests.soak import checker, report
 from tests.soak.cast import Cast
+from tests.soak.config import Config
 from tests.soak.faults import Faults, Injected
 from tests.soak.load import BUILD_QUEUE, MANUAL_QUEUE, TEST_QUEUE, Prober, Pusher, Scenario
 from tests.soak.stores import Cluster, OneRedis
@@ -86,21 +85,6 @@ SAMPLED = ("serve", "listen-1", "listen-2", "enforce-1")
 
 def rule_of(key: str) -> checker.Rule:
     return next((rule for prefix, rule in RULES.items() if key.startswith(prefix)), checker.Rule())
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    duration: float
-    store: str
-    report_dir: Path
-    seed: int
-    amqp_url: str
-    rate: float = 4.0  # pushes a second
-    burst: int = 40  # tasks pushed at once, every burst_every seconds
-    burst_every: float = 15.0
-    settle: float = 90.0  # longest wait for the queue to have nothing pending or running
-    only: tuple[str, ...] = ()  # draw only these kinds of fault (all when empty)
-    min_faults: int = 5  # faults go on past the duration until this many were injected
 
 
 async def _value(result: bool | Awaitable[bool]) -> bool:

@@ -856,9 +856,9 @@ class Searcher:
                     floor,
                     format_time_ms(since),
                 )
-        if named is not None and any(
-            r["i"] == named and r.get("suspect") for r in results if r.get("known")
-        ):
+        # Pushes known broken from earlier searches, each as probably as that search found.
+        believed: dict[int, Mapping[str, Any]] = {int(r["i"]): r for r in results if r.get("known")}
+        if named is not None and believed.get(named, {}).get("suspect"):
             # The earlier search's suspect, and nothing this one ran made it more.
             log.info(
                 "bisection after %s: it ends on %s, an earlier search's suspect: inconclusive",
@@ -921,15 +921,10 @@ class Searcher:
             for r in results
             if r["passed"] is not None and not r.get("trusted") and not r.get("known")
         ]
-        # A push known broken from an earlier search is as probably broken as that one found.
-        earlier = {
-            int(r["i"]): float(r["probability"])
-            for r in results
-            if r.get("known") and r.get("probability") is not None
-        }
 
         def probability(i: int) -> float:
-            return earlier.get(i, search.probability(i))
+            earlier = believed.get(i, {}).get("probability")
+            return search.probability(i) if earlier is None else float(earlier)
 
         ended = [r["ended"] for r in results]
         located = max(ended, default=int(doc["ended"]))

@@ -102,6 +102,8 @@ FLAKES = 50
 DAY_MS = 86_400_000
 #: Pushes of the gap a search adds at most to those the primary held (the newest first).
 MAX_GAP = 32
+#: Runs the enforcer remembers raising (:meth:`Searcher._raise`) before it forgets them all.
+MAX_RAISED = 10_000
 #: Lineage states of a task superseded or canceled by a decision: a search may run it again.
 _ENDED_BY_DECISION = frozenset({"superseded", "canceled", "ran"})
 #: A run's states that are results.
@@ -243,7 +245,8 @@ class Searcher:
         self.refused = False
         #: Whether the queue refused to raise a priority (said once in the log).
         self.unraised = False
-        #: Runs of the gap's pushes raised once the queue scheduled them: (taskId, runId).
+        #: The search's runs raised so far, (taskId, runId): a step repeated while the index
+        #: awaits a run's event raises nothing again (:meth:`_raise`).
         self.raised: set[tuple[str, int]] = set()
 
     async def _marker_since(self) -> int:
@@ -375,7 +378,7 @@ class Searcher:
         if not await self._write(key, primary, raw, doc, [move]):
             return True  # taken meanwhile: look again
         await self.actions.release(self._entry(key, doc, victim, run))
-        await self._raise(primary, victim)
+        await self._raise(primary, victim, run + 1)
         log.info(
             "bisection after %s: %s runs (push %d of %d)",
             primary,
@@ -563,9 +566,7 @@ class Searcher:
                 # the push, or a decision supersedes it and it is run again then. Pending
                 # behind the backlog, it is raised: the search waits for it.
                 if state == "pending" and record is not None:
-                    if (dep, record.run_id) not in self.raised:
-                        self.raised.add((dep, record.run_id))
-                        await self._raise(primary, dep)
+                    await self._raise(primary, dep, record.run_id)
                 return "wait"
             if state == "failed" or not await self._ended_by_decision(dkey, dep, primary):
                 return "out"  # broken, or ended by a person or the queue: nothing to learn
@@ -575,19 +576,19 @@ class Searcher:
             done = await self.actions.rerun(dep, drun)
             if done.state != "rerun":
                 return "out"
-            await self._raise(primary, dep)
+            await self._raise(primary, dep, drun + 1)
             return "wait"
         done = await self.actions.rerun(task_id, run)
         if done.state != "rerun":
             return "out"
-        await self._raise(primary, task_id)
-        log.info(
-            "bisection after %s: %s runs again (push %d of %d)",
-            primary,
-            task_id,
-            i + 1,
-            len(doc["victims"]),
-        )
+        if await self._raise(primary, task_id, run + 1):
+            log.info(
+                "bisection after %s: %s runs again (push %d of %d)",
+                primary,
+                task_id,
+                i + 1,
+                len(doc["victims"]),
+            )
         return "wait"
 
     async def _searched(self, key: str, primary: str, doc: Mapping[str, Any]) -> None:
@@ -659,7 +660,7 @@ class Searcher:
         task_id = _task(doc, i)
         done = await self.actions.rerun(task_id, run)
         if done.state == "rerun":
-            await self._raise(primary, task_id)
+            await self._raise(primary, task_id, run + 1)
             return None
         if done.state == "refused":
             if not self.refused:
@@ -680,8 +681,14 @@ class Searcher:
         )
         return await self._result(key, primary, raw, doc, i, run, attempt, None, now)
 
-    async def _raise(self, primary: str, task_id: str) -> None:
-        """Move the search's run of ``task_id`` to the front of its task queue."""
+    async def _raise(self, primary: str, task_id: str, run: int) -> bool:
+        """Move the search's run ``run`` of ``task_id`` to the front of its task queue, once
+        (steps repeat while the index awaits the run's event): whether it was asked now."""
+        if (task_id, run) in self.raised:
+            return False
+        if len(self.raised) >= MAX_RAISED:
+            self.raised.clear()  # at worst, one more call for each run under way
+        self.raised.add((task_id, run))
         done = await self.actions.prioritize(task_id)
         if done.state == "refused" and not self.unraised:
             self.unraised = True
@@ -693,6 +700,7 @@ class Searcher:
                 primary,
                 task_id,
             )
+        return True
 
     async def _await_probe(
         self,
@@ -726,10 +734,9 @@ class Searcher:
             if record.run_id > run and record.state == "exception":
                 passed = None  # no verdict on the code
             elif record.run_id > run:
-                if record.state == "pending" and (task_id, record.run_id) not in self.raised:
+                if record.state == "pending":
                     # Scheduled by the queue once its dependencies completed: to the front.
-                    self.raised.add((task_id, record.run_id))
-                    await self._raise(primary, task_id)
+                    await self._raise(primary, task_id, record.run_id)
                 return False  # pending or running
             elif await self._run_gap(key, primary, doc, i, run, now) == "out":
                 passed = None

@@ -94,8 +94,19 @@ async def drive(
     raise AssertionError("the search did not end")
 
 
-async def enforce(loop: Loop, consumer: str) -> None:
+async def enforce(loop: Loop, consumer: str, raised: list[str] | None = None) -> None:
+    """Enforce until the outbox drains; the tasks whose priority the enforcer asked the queue
+    to change go to ``raised``, one entry a call."""
     async with loop.enforcer(consumer) as enforcer:
+        if raised is not None:
+            queue = enforcer.actions.queue
+            change = queue.changeTaskPriority
+
+            async def counted(task_id: str, payload: Any) -> Any:
+                raised.append(task_id)
+                return await change(task_id, payload)
+
+            queue.changeTaskPriority = counted
         for _ in range(200):
             await loop.feed()
             if not await enforcer.round():

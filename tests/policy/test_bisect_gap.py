@@ -54,7 +54,9 @@ async def test_a_culprit_canceled_by_an_earlier_decision_runs_again_and_is_named
     assert await lineage_state(loop, "k", culprit) == "canceled"
     del claim
     loop.resolve(loop.claim(newest), "failed")
-    await enforce(loop, "e1")
+    caplog.set_level(logging.INFO, "coalescer.policy")
+    raised: list[str] = []
+    await enforce(loop, "e1", raised)
     # The newest push held nothing; the canceled push of its gap runs again. The queue (as
     # release 106's) will not change the priority of a task it resolved before: it keeps its
     # place in line, said once.
@@ -62,6 +64,10 @@ async def test_a_culprit_canceled_by_an_earlier_decision_runs_again_and_is_named
     assert priority(loop, culprit) == "lowest"
     said = [r for r in caplog.records if "will not raise the priority" in r.getMessage()]
     assert len(said) == 1 and culprit in said[0].getMessage()
+    # Asked once, and said once, while the search's steps repeat until the run's event comes.
+    assert raised == [culprit]
+    said = [r for r in caplog.records if f"{culprit} runs again (push" in r.getMessage()]
+    assert len(said) == 1
     assert await lineage_state(loop, "k", culprit) == "probing"
     loop.resolve(loop.claim(culprit), "failed")
     await enforce(loop, "e1")

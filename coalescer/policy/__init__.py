@@ -3,6 +3,8 @@
 * :mod:`~coalescer.policy.rules` — the policy file, parsed and validated (pure).
 * :mod:`~coalescer.policy.actions` — carrying out one decision on the queue, idempotently.
 * :mod:`~coalescer.policy.enforcer` — ``coalescer enforce``: the outbox consumer.
+* :mod:`~coalescer.policy.bisecting` — ``on-primary-failure: bisect``: the enforcer's search.
+* :mod:`~coalescer.policy.record` — a search's record, and what it says (pure).
 * :mod:`~coalescer.policy.embedded` — the enforcer inside ``coalescer serve`` (embedded store).
 * :mod:`~coalescer.policy.lineage` — what superseded a task, what it superseded, chains.
 * :mod:`~coalescer.policy.cli` — ``coalescer enforce`` and ``coalescer policy check``.

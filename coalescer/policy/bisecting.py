@@ -3,29 +3,7 @@
 
 When a primary fails, ``decide.lua`` turns every victim held for it (down its chains) into a
 ``bisecting`` one, still held and renewed, and writes the search's record under the primary
-(``co:{K}:bs``, JSON), held victims or none::
-
-    {"primary", "primaryRun", "rule", "cascade", "protect", "supersedeRunning",
-     "confirm": the most reruns confirming a failure (bisect-confirm; 0 when absent),
-     "confidence": how probable a failure must be a breakage (bisect-confidence),
-     "flake": the key's flake rate, estimated from its findings at the search's first step,
-     "deadline": ms (the primary's), "ended": ms,
-     "longest": ms (the longest run seen, the primary's first),
-     "victims": [[taskId, heldRunId, deadline_ms], ...]   (oldest first),
-     "results": [{"i", "run", "attempt", "passed": true | false | null (dropped), "ended": ms,
-                  "trusted": true (a failure not confirmed: no scope to rerun; optional),
-                  "known": true (what an earlier search found failing first, with its
-                  "probability", and "suspect": true when it named no culprit: no run;
-                  optional)}, ...],
-     "parallel": runs at once (bisect-parallel; 1 when absent),
-     "rounds": waves of runs so far (a run started while none of the search's ran begins one),
-     "probes": [{"i", "run", "since", "attempt"}, ...]   (the runs under way; an older record
-               has one, or null, as "probe"),
-     "gap": {taskId: [[dependency, its key, its last run], ...]}   (the pushes among
-               "victims" that nothing holds, each with the dependencies it lacks),
-     "floor": [taskId, runId]   (the newest push of the key that passed, below the primary),
-     "unplaced": [taskId, ...]   (tasks of the gap never scheduled that no rank tag places:
-               the search names no culprit)}
+(``co:{K}:bs``, JSON; its fields: :mod:`coalescer.policy.record`), held victims or none.
 
 The search is the record replayed into a :class:`~coalescer.bisection.Bisection`, with the
 key's flake rate (:func:`coalescer.verdicts.flake_rate` of its recent findings) written into
@@ -45,8 +23,8 @@ step taken twice, or an enforcer that dies between two steps changes nothing or 
   ``reserve``: ``probing``), running those dependencies again, then it (``rerunTask``, or the
   queue schedules it); nothing holds it, so nothing is superseded or released for it at the
   end. What an earlier search of the key found failing first enters the search known broken
-  (:func:`known_broken`), not run again. With nothing held and no gap, the record is dropped
-  at once: no search.
+  (:func:`~coalescer.policy.record.known_broken`), not run again. With nothing held and no
+  gap, the record is dropped at once: no search.
 * Probes and confirmations jump the queue: right after a victim is released or a task rerun
   for the search, its priority is raised to ``highest`` (``changeTaskPriority``). A queue or
   credentials without it (401, 403, 404) leave the priority as it is, said once in the log.
@@ -79,7 +57,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -88,6 +65,16 @@ from coalescer import observe, verdicts
 from coalescer.bisection import Bisection, contradicted, stand_ins
 from coalescer.model import format_time_ms
 from coalescer.policy.actions import QueueActions
+from coalescer.policy.record import (
+    dump,
+    floor_ref,
+    known_broken,
+    probes_under_way,
+    push_deadline,
+    push_last_run,
+    push_task,
+    replay,
+)
 from coalescer.store import Store, bisections
 from coalescer.store import lineage as records
 from coalescer.store import policy as outbox
@@ -109,115 +96,6 @@ _ENDED_BY_DECISION = frozenset({"superseded", "canceled", "ran"})
 #: A run's states that are results.
 RESULTS = frozenset({"completed", "failed"})
 BY = "coalescer enforce"
-
-
-def replay(doc: Mapping[str, Any]) -> Bisection:
-    """The search as its record says it stands."""
-    confirm = int(doc.get("confirm", 0))
-    search = Bisection.start(
-        len(doc["victims"]),
-        confirm,
-        _when(doc["ended"]),
-        confidence=float(doc.get("confidence", verdicts.DEFAULT_CONFIDENCE)),
-        flake=float(doc.get("flake", verdicts.DEFAULT_FLAKE)),
-        parallel=int(doc.get("parallel", 1)),
-    )
-    for result in doc["results"]:
-        if result["passed"] is None:
-            search.drop(result["i"])
-        elif result.get("known"):
-            search.believe(result["i"])
-        elif result.get("trusted"):
-            search.trust(result["i"])
-        else:
-            search.record(result["i"], result["passed"], _when(result["ended"]))
-    return search
-
-
-def known_broken(doc: Mapping[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The results a search starts with: the pushes of its gap an earlier search of the key
-    found failing first, in the run it named (failed, and not run since), as probably broken
-    as this search asks: its culprit, or the suspect of a search left inconclusive by pushes
-    it could not see (``suspect``: this search never names it, as nothing it ran made it a
-    culprit; named, a flaky key's suspects were wrong). Known broken (``known``, with that
-    search's ``probability``), they are not run again. A key that stays broken fails push
-    after push, and no push of it has passed since (the gap's floor is below them): the search
-    starts from what was found, instead of running the same pushes again for every failing
-    primary."""
-    confidence = float(doc.get("confidence", verdicts.DEFAULT_CONFIDENCE))
-    named: dict[tuple[str, int], tuple[float | None, bool]] = {}
-    for f in findings:
-        if f.get("verdict") == "culprit" and f.get("culprit"):
-            ref = f["culprit"]
-            named[ref["taskId"], int(ref["runId"])] = (f.get("probability"), False)
-        elif f.get("suspect") and (f.get("probability") or 0) >= confidence:
-            ref = f["suspect"]
-            named.setdefault((ref["taskId"], int(ref["runId"])), (f.get("probability"), True))
-    gap = doc.get("gap", {})
-    return [
-        {"i": i, "run": run, "attempt": 0, "passed": False, "known": True}
-        | {"ended": int(doc["ended"]), "probability": named[task_id, run][0]}
-        | ({"suspect": True} if named[task_id, run][1] else {})
-        for i, (task_id, run, _) in enumerate(doc["victims"])
-        if task_id in gap and (task_id, run) in named
-    ]
-
-
-def victims(record: str) -> set[str]:
-    """The victims of one search under way, from its record (as
-    :func:`coalescer.store.policy.searches` reads it)."""
-    return {v[0] for v in orjson.loads(record)["victims"]}
-
-
-def _probes(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The search's runs under way, each ``{"i", "run", "since", "attempt"}`` (a record
-    written before several could run at once has one, or none, as ``probe``)."""
-    if "probes" not in doc:
-        single = doc.pop("probe", None)
-        doc["probes"] = [] if single is None else [single]
-    probes: list[dict[str, Any]] = doc["probes"]
-    return probes
-
-
-def _task(doc: Mapping[str, Any], i: int) -> str:
-    """Push ``i``'s taskId (the primary is push ``n``)."""
-    victims = doc["victims"]
-    return str(doc["primary"] if i == len(victims) else victims[i][0])
-
-
-def _deadline(doc: Mapping[str, Any], i: int) -> int | None:
-    """Push ``i``'s deadline (ms); None when the record does not say (an older one)."""
-    victims = doc["victims"]
-    if i < len(victims):
-        return int(victims[i][2])
-    return None if doc.get("deadline") is None else int(doc["deadline"])
-
-
-def _last_run(doc: Mapping[str, Any], i: int) -> int:
-    """Push ``i``'s latest run the search knows of: its last result's, or the one held (the
-    primary's failed one)."""
-    for result in reversed(doc["results"]):
-        if result["i"] == i:
-            return int(result["run"])
-    victims = doc["victims"]
-    return int(doc["primaryRun"] if i == len(victims) else victims[i][1])
-
-
-def _floor(doc: Mapping[str, Any], culprit: int | None) -> dict[str, Any] | None:
-    """With no push of the search passing below the culprit, the newest of the key that passed
-    before it (the gap's floor), when the search has one."""
-    floor = doc.get("floor")
-    if culprit is None or floor is None:
-        return None
-    return {"taskId": floor[0], "runId": int(floor[1])}
-
-
-def _when(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
-
-
-def _dump(doc: Mapping[str, Any]) -> str:
-    return orjson.dumps(doc).decode()
 
 
 class Searcher:
@@ -280,12 +158,12 @@ class Searcher:
                     "bisection after %s: %s, the %s an earlier search named, has not passed "
                     "since: the search starts from it",
                     primary,
-                    _task(doc, known["i"]),
+                    push_task(doc, known["i"]),
                     "suspect" if known.get("suspect") else "culprit",
-                    extra={"task_id": _task(doc, known["i"])},
+                    extra={"task_id": push_task(doc, known["i"])},
                 )
             return await self._write(key, primary, raw, doc, moves)
-        probes = _probes(doc)
+        probes = probes_under_way(doc)
         now = self.now_ms()
         for under_way in list(probes):
             if await self._await_probe(key, primary, raw, doc, now, under_way):
@@ -372,7 +250,7 @@ class Searcher:
             if not await self._write(key, primary, raw, doc, []):
                 return True
             if await self._run_gap(key, primary, doc, probe.index, run, now) == "out":
-                await self._result(key, primary, _dump(doc), doc, probe.index, run, 0, None, now)
+                await self._result(key, primary, dump(doc), doc, probe.index, run, 0, None, now)
             return True
         move = outbox.Move(victim, "bisecting", "probing")
         if not await self._write(key, primary, raw, doc, [move]):
@@ -617,8 +495,8 @@ class Searcher:
     ) -> bool:
         """Push ``i`` failed: run it again (``rerunTask``) before the search narrows on it,
         unless its deadline comes within the margin (then it is out of the search)."""
-        task_id, run = _task(doc, i), _last_run(doc, i)
-        deadline = _deadline(doc, i)
+        task_id, run = push_task(doc, i), push_last_run(doc, i)
+        deadline = push_deadline(doc, i)
         if deadline is not None and deadline <= now + 2 * int(doc["longest"]):
             log.warning(
                 "bisection after %s: %s's failure is not confirmed, its deadline comes first: "
@@ -641,7 +519,7 @@ class Searcher:
             attempt,
             extra={"task_id": task_id},
         )
-        taken = await self._rerun(key, primary, _dump(doc), doc, now, rerun)
+        taken = await self._rerun(key, primary, dump(doc), doc, now, rerun)
         return True if taken is None else taken
 
     async def _rerun(
@@ -657,7 +535,7 @@ class Searcher:
         there (asked for now, or before); else the step taken in its place, the failure
         trusted (no scope to rerun) or the push out of the search (the queue refuses)."""
         i, run, attempt = int(probe["i"]), int(probe["run"]), int(probe["attempt"])
-        task_id = _task(doc, i)
+        task_id = push_task(doc, i)
         done = await self.actions.rerun(task_id, run)
         if done.state == "rerun":
             await self._raise(primary, task_id, run + 1)
@@ -713,7 +591,7 @@ class Searcher:
     ) -> bool:
         """Record ``probe``'s result once it is in: whether a step was taken."""
         i, run, attempt = int(probe["i"]), int(probe["run"]), int(probe.get("attempt", 0))
-        task_id, deadline = _task(doc, i), _deadline(doc, i)
+        task_id, deadline = push_task(doc, i), push_deadline(doc, i)
         gap = doc.get("gap", {})
         record = (await self.store.known(key, [task_id])).get(task_id)
         passed: bool | None
@@ -807,7 +685,7 @@ class Searcher:
             if run is None:
                 held = doc["primaryRun"] if i == n else victims[i][1]
                 run = verdict_runs.get(i, held)
-            return {"taskId": _task(doc, i), "runId": run}
+            return {"taskId": push_task(doc, i), "runId": run}
 
         def failed_first(i: int) -> int:
             """The run of push ``i`` whose failure a confirmation did not reproduce."""
@@ -826,20 +704,20 @@ class Searcher:
             }
 
             def order(i: int) -> float:
-                return known.get(_task(doc, i), (float("nan"), ""))[0]
+                return known.get(push_task(doc, i), (float("nan"), ""))[0]
 
             # A push between the last good and the culprit that did not pass leaves the
             # culprit unsure: one outside the search, or one the search dropped.
-            ours = {_task(doc, i) for i in range(n + 1)}
+            ours = {push_task(doc, i) for i in range(n + 1)}
             outside = {t: k for t, k in known.items() if t not in ours}
             against = contradicted(None if good is None else order(good), order(named), outside)
             against += [
-                _task(doc, i)
+                push_task(doc, i)
                 for i in sorted(search.dropped)
                 if (good is None or good < i)
                 and i < named
-                and known.get(_task(doc, i), (0.0, ""))[1] != "completed"
-                and _task(doc, i) not in against
+                and known.get(push_task(doc, i), (0.0, ""))[1] != "completed"
+                and push_task(doc, i) not in against
             ]
             against += doc.get("unplaced", [])
             if against:
@@ -870,7 +748,7 @@ class Searcher:
             log.info(
                 "bisection after %s: it ends on %s, an earlier search's suspect: inconclusive",
                 primary,
-                _task(doc, named),
+                push_task(doc, named),
             )
             verdict, named = Verdict.INCONCLUSIVE, None
         intermittent_primary = search.verdicts.get(n) is True
@@ -947,7 +825,7 @@ class Searcher:
             "suspect": None if culprit is None or culprit == named else ref(culprit),
             "probability": None if culprit is None else round(probability(culprit), 6),
             "flake": round(search.flake, 6),
-            "lastGood": ref(good) if good is not None else _floor(doc, culprit),
+            "lastGood": ref(good) if good is not None else floor_ref(doc, culprit),
             "runs": [ref(n, int(doc["primaryRun"])) | first]
             + [
                 ref(r["i"], r["run"])
@@ -1035,14 +913,14 @@ class Searcher:
         from what was live then): pushes between it and the culprit may have ended unseen, and
         one of them may have been the first to fail. ``(that push, when the index's knowledge
         began)``, or None when the index knew of the key's tasks since before it."""
-        culprit = known.get(_task(doc, named), (float("nan"), ""))[0]
+        culprit = known.get(push_task(doc, named), (float("nan"), ""))[0]
         below = {t for t, (o, state) in known.items() if state == "completed" and o < culprit}
         if good is not None:
-            below.add(_task(doc, good))
+            below.add(push_task(doc, good))
         if doc.get("floor"):
             below.add(str(doc["floor"][0]))
         placed = [(known[t][0], t) for t in below if t in known and known[t][0] < culprit]
-        base = max(placed)[1] if placed else _task(doc, named)
+        base = max(placed)[1] if placed else push_task(doc, named)
         since = await self.known_since()
         created = await self.actions.created_ms(base)
         return None if created is not None and created >= since else (base, since)
@@ -1061,7 +939,7 @@ class Searcher:
             key,
             primary,
             expected=raw,
-            record=None if doc is None else _dump(doc),
+            record=None if doc is None else dump(doc),
             now_ms=self.now_ms(),
             moves=moves,
             cascade=rule["cascade"],

@@ -32,7 +32,8 @@ from taskcluster.exceptions import TaskclusterFailure
 from coalescer.concurrency import all_ended
 from coalescer.errors import StoreUnavailable
 from coalescer.policy.actions import Actions, QueueActions, Result
-from coalescer.policy.bisecting import Searcher, victims
+from coalescer.policy.bisecting import Searcher
+from coalescer.policy.record import victims
 from coalescer.policy.rules import HoldBy, Policy
 from coalescer.store import Store
 from coalescer.store import lineage as records

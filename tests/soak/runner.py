@@ -22,7 +22,7 @@ import httpx
 import taskcluster.aio
 
 from coalescer.ingest.topology import dead_letter_names
-from coalescer.policy.bisecting import victims
+from coalescer.policy.record import victims
 from coalescer.store import Store, open_store
 from coalescer.store import policy as outbox
 from tests.ports import free_port

@@ -18,7 +18,7 @@ from coalescer.bisection import (
     max_runs,
     stand_ins,
 )
-from coalescer.policy.bisecting import known_broken
+from coalescer.policy.record import known_broken
 from coalescer.verdicts import Verdict
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)

@@ -67,12 +67,14 @@ from coalescer.model import format_time_ms
 from coalescer.policy.actions import QueueActions
 from coalescer.policy.record import (
     dump,
-    floor_ref,
+    finding_of,
     known_broken,
+    located_ms,
     probes_under_way,
     push_deadline,
     push_last_run,
     push_task,
+    ref,
     replay,
 )
 from coalescer.store import Store, bisections
@@ -677,22 +679,6 @@ class Searcher:
     ) -> bool:
         victims = doc["victims"]
         n = len(victims)
-        results = doc["results"]
-        # The run whose result is each push's verdict (its last); the rest, the held one.
-        verdict_runs = {r["i"]: r["run"] for r in results if r["passed"] is not None}
-
-        def ref(i: int, run: int | None = None) -> dict[str, Any]:
-            if run is None:
-                held = doc["primaryRun"] if i == n else victims[i][1]
-                run = verdict_runs.get(i, held)
-            return {"taskId": push_task(doc, i), "runId": run}
-
-        def failed_first(i: int) -> int:
-            """The run of push ``i`` whose failure a confirmation did not reproduce."""
-            if i == n:
-                return int(doc["primaryRun"])
-            return next(int(r["run"]) for r in results if r["i"] == i and not r.get("attempt"))
-
         stood = stand_ins(search)
         culprit, good = search.culprit, search.last_good
         verdict, named = search.verdict, search.named
@@ -741,8 +727,7 @@ class Searcher:
                     floor,
                     format_time_ms(since),
                 )
-        # Pushes known broken from earlier searches, each as probably as that search found.
-        believed: dict[int, Mapping[str, Any]] = {int(r["i"]): r for r in results if r.get("known")}
+        believed = {int(r["i"]): r for r in doc["results"] if r.get("known")}
         if named is not None and believed.get(named, {}).get("suspect"):
             # The earlier search's suspect, and nothing this one ran made it more.
             log.info(
@@ -773,7 +758,7 @@ class Searcher:
                 moves.append(outbox.Move(victim, "bisecting", "ran"))
                 continue
             if i in stood:
-                by = ref(stood[i])
+                by = ref(doc, stood[i])
                 if stood[i] == culprit:
                     role = "the culprit (the first failing push)"
                 elif stood[i] == good:
@@ -801,49 +786,8 @@ class Searcher:
                 moves.append(
                     outbox.Move(victim, "bisecting", "settling", "release", reason=why, emit=True)
                 )
-        ran = [
-            r
-            for r in results
-            if r["passed"] is not None and not r.get("trusted") and not r.get("known")
-        ]
-
-        def probability(i: int) -> float:
-            earlier = believed.get(i, {}).get("probability")
-            return search.probability(i) if earlier is None else float(earlier)
-
-        ended = [r["ended"] for r in results]
-        located = max(ended, default=int(doc["ended"]))
-        first = {"attempt": 0, "passed": False, "ended": format_time_ms(int(doc["ended"]))}
-        finding: dict[str, Any] = {
-            "key": key,
-            "by": BY,
-            "primary": ref(n, int(doc["primaryRun"])),
-            "held": n - len(gap),
-            "gap": len(gap),
-            "verdict": str(verdict),
-            "culprit": None if named is None else ref(named),
-            "suspect": None if culprit is None or culprit == named else ref(culprit),
-            "probability": None if culprit is None else round(probability(culprit), 6),
-            "flake": round(search.flake, 6),
-            "lastGood": ref(good) if good is not None else floor_ref(doc, culprit),
-            "runs": [ref(n, int(doc["primaryRun"])) | first]
-            + [
-                ref(r["i"], r["run"])
-                | {
-                    "attempt": r.get("attempt", 0),
-                    "passed": r["passed"],
-                    "ended": format_time_ms(r["ended"]),
-                }
-                for r in ran
-            ],
-            "intermittent": [ref(i, failed_first(i)) for i in sorted(search.intermittent)],
-            "standsFor": stands_for,
-            "extraRuns": len(ran),
-            # Waves of runs, each started while none of the search's ran: what a sheriff waits
-            # for (runs at once share a round).
-            "rounds": int(doc.get("rounds", 0)),
-            "located": format_time_ms(located),
-        }
+        finding = finding_of(key, doc, search, verdict, named, stands_for, BY)
+        located = located_ms(doc)
         await bisections.record(self.store, finding, located)
         await self._searched(key, primary, doc)
         if not await self._write(key, primary, raw, None, moves):
@@ -879,7 +823,7 @@ class Searcher:
                 finding["probability"],
                 search.flake,
                 "none" if last is None else f"task {last['taskId']} run {last['runId']}",
-                len(ran),
+                finding["extraRuns"],
                 len(search.intermittent),
                 extra={"task_id": named["taskId"]},
             )

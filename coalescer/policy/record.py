@@ -28,7 +28,8 @@ compare-and-set, ``settle.lua``'s ``search`` mode)::
                the search names no culprit)}
 
 Push ``i`` is victim ``i`` (oldest first); push ``n`` (``len(victims)``) is the primary. The
-search is the record replayed into a :class:`~coalescer.bisection.Bisection` (:func:`replay`).
+search is the record replayed into a :class:`~coalescer.bisection.Bisection` (:func:`replay`);
+what it found, once over, is :func:`finding_of` (as :mod:`coalescer.store.bisections` keeps it).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ import orjson
 
 from coalescer import verdicts
 from coalescer.bisection import Bisection
+from coalescer.model import format_time_ms
+from coalescer.verdicts import Verdict
 
 
 def replay(doc: Mapping[str, Any]) -> Bisection:
@@ -150,3 +153,85 @@ def from_ms(ms: int) -> datetime:
 
 def dump(doc: Mapping[str, Any]) -> str:
     return orjson.dumps(doc).decode()
+
+
+def ref(doc: Mapping[str, Any], i: int, run: int | None = None) -> dict[str, Any]:
+    """Push ``i``'s run ``run`` as a finding names it; by default the run whose result is its
+    verdict (its last result's), else the one held (the primary's failed one)."""
+    if run is None:
+        ran = [int(r["run"]) for r in doc["results"] if r["i"] == i and r["passed"] is not None]
+        victims = doc["victims"]
+        run = ran[-1] if ran else int(doc["primaryRun"] if i == len(victims) else victims[i][1])
+    return {"taskId": push_task(doc, i), "runId": run}
+
+
+def located_ms(doc: Mapping[str, Any]) -> int:
+    """When the search found what it found: its last result (ms)."""
+    return max((int(r["ended"]) for r in doc["results"]), default=int(doc["ended"]))
+
+
+def finding_of(
+    key: str,
+    doc: Mapping[str, Any],
+    search: Bisection,
+    verdict: Verdict | None,
+    named: int | None,
+    stands_for: list[dict[str, Any]],
+    by: str,
+) -> dict[str, Any]:
+    """What the search over ``doc`` found, as :func:`coalescer.store.bisections.record` keeps
+    it: its ``verdict`` and the culprit it ``named`` (None: none), which may be less than the
+    search alone says (a push outside it contradicts the culprit), and the victims each run
+    stands for."""
+    n = len(doc["victims"])
+    results = doc["results"]
+    culprit, good = search.culprit, search.last_good
+    # Pushes known broken from earlier searches, each as probably as that search found.
+    believed = {int(r["i"]): r for r in results if r.get("known")}
+
+    def probability(i: int) -> float:
+        earlier = believed.get(i, {}).get("probability")
+        return search.probability(i) if earlier is None else float(earlier)
+
+    def failed_first(i: int) -> int:
+        """The run of push ``i`` whose failure a confirmation did not reproduce."""
+        if i == n:
+            return int(doc["primaryRun"])
+        return next(int(r["run"]) for r in results if r["i"] == i and not r.get("attempt"))
+
+    ran = [
+        r for r in results if r["passed"] is not None and not (r.get("trusted") or r.get("known"))
+    ]
+    primary = ref(doc, n, int(doc["primaryRun"]))
+    first = {"attempt": 0, "passed": False, "ended": format_time_ms(int(doc["ended"]))}
+    gap = doc.get("gap", {})
+    return {
+        "key": key,
+        "by": by,
+        "primary": primary,
+        "held": n - len(gap),
+        "gap": len(gap),
+        "verdict": str(verdict),
+        "culprit": None if named is None else ref(doc, named),
+        "suspect": None if culprit is None or culprit == named else ref(doc, culprit),
+        "probability": None if culprit is None else round(probability(culprit), 6),
+        "flake": round(search.flake, 6),
+        "lastGood": ref(doc, good) if good is not None else floor_ref(doc, culprit),
+        "runs": [primary | first]
+        + [
+            ref(doc, r["i"], r["run"])
+            | {
+                "attempt": r.get("attempt", 0),
+                "passed": r["passed"],
+                "ended": format_time_ms(r["ended"]),
+            }
+            for r in ran
+        ],
+        "intermittent": [ref(doc, i, failed_first(i)) for i in sorted(search.intermittent)],
+        "standsFor": stands_for,
+        "extraRuns": len(ran),
+        # Waves of runs, each started while none of the search's ran: what a sheriff waits for
+        # (runs at once share a round).
+        "rounds": int(doc.get("rounds", 0)),
+        "located": format_time_ms(located_ms(doc)),
+    }

@@ -18,8 +18,8 @@ from coalescer.bisection import (
     max_runs,
     stand_ins,
 )
-from coalescer.policy.record import known_broken
-from coalescer.verdicts import Verdict
+from coalescer.policy.record import finding_of, known_broken, ref, replay
+from coalescer.verdicts import Verdict, broken_probability
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
 
@@ -454,3 +454,58 @@ def test_a_search_starts_from_what_earlier_searches_found_failing_first() -> Non
         (1, 1, 0.998, True),
     ]
     assert all(r["known"] and r["passed"] is False and r["ended"] == 5_000 for r in known)
+
+
+def test_a_finding_names_each_run_by_the_result_it_gave() -> None:
+    # Four victims, the oldest a push of the gap, and the primary (its run 2 failed). Its
+    # confirmation failed; push 1 failed, then passed its confirmation; push 2 failed twice.
+    doc = {
+        "primary": "p",
+        "primaryRun": 2,
+        "confirm": 1,
+        "flake": 0.05,
+        "parallel": 2,
+        "ended": 1_000,
+        "rounds": 2,
+        "victims": [["a", 0, 9], ["b", 0, 9], ["c", 0, 9], ["d", 0, 9]],
+        "gap": {"a": []},
+        "floor": ["f", 0],
+        "results": [
+            {"i": 4, "run": 3, "attempt": 1, "passed": False, "ended": 2_000},
+            {"i": 1, "run": 1, "attempt": 0, "passed": False, "ended": 2_500},
+            {"i": 1, "run": 2, "attempt": 1, "passed": True, "ended": 3_000},
+            {"i": 2, "run": 1, "attempt": 0, "passed": False, "ended": 3_500},
+            {"i": 2, "run": 2, "attempt": 1, "passed": False, "ended": 4_000},
+        ],
+    }
+    search = replay(doc)
+    assert search.done and (search.culprit, search.last_good) == (2, 1)
+    stands = [{"taskId": "d", "runId": 0, "by": ref(doc, 2)}]
+    found = finding_of("k", doc, search, search.verdict, search.named, stands, "me")
+    assert found["verdict"] == "culprit" and found["culprit"] == {"taskId": "c", "runId": 2}
+    assert found["probability"] == round(broken_probability(2, 0, 0.05), 6)
+    assert found["suspect"] is None and found["lastGood"] == {"taskId": "b", "runId": 2}
+    assert found["primary"] == {"taskId": "p", "runId": 2}
+    assert [(r["taskId"], r["runId"], r["passed"]) for r in found["runs"]] == [
+        ("p", 2, False),
+        ("p", 3, False),
+        ("b", 1, False),
+        ("b", 2, True),
+        ("c", 1, False),
+        ("c", 2, False),
+    ]
+    # The failure that did not come back is named in the run that failed.
+    assert found["intermittent"] == [{"taskId": "b", "runId": 1}]
+    assert (found["held"], found["gap"], found["extraRuns"], found["rounds"]) == (3, 1, 5, 2)
+    assert found["standsFor"] == stands and found["located"] == "1970-01-01T00:00:04.000Z"
+    # Known broken from an earlier search (no run): named with that search's probability,
+    # the last good being the gap's floor.
+    doc["results"] = [
+        {"i": 0, "run": 0, "attempt": 0, "passed": False, "ended": 1_000}
+        | {"known": True, "probability": 0.97},
+        {"i": 4, "run": 3, "attempt": 1, "passed": False, "ended": 2_000},
+    ]
+    search = replay(doc)
+    found = finding_of("k", doc, search, search.verdict, search.named, [], "me")
+    assert found["culprit"] == {"taskId": "a", "runId": 0} and found["probability"] == 0.97
+    assert found["lastGood"] == {"taskId": "f", "runId": 0} and found["extraRuns"] == 1

@@ -15,7 +15,10 @@ first failing push is it or older; if it passes, newer. :class:`Bisection` keeps
 * With ``parallel`` above 1, :meth:`Bisection.probes` hands out that many runs at once: the
   pushes left are cut into ``parallel + 1`` near-equal parts (an n-ary search), the primary's
   confirmation beside the first cut; a slot that frees cuts the longest stretch left between
-  the pushes still running; results may come back in any order.
+  the pushes still running; results may come back in any order. Beside a probe's failure
+  awaiting its confirmation, on a key no flakier than the prior (``flake`` at most
+  :data:`~coalescer.verdicts.DEFAULT_FLAKE`), the other slots cut only the pushes below it:
+  it is most likely a breakage, and a confirmation that passes widens the search again.
 * A failure is confirmed by reruns before the search narrows on it, as many as it takes for the
   push to be broken with probability ``confidence`` given the key's ``flake`` rate
   (:mod:`coalescer.verdicts`), and at most ``confirm``: a rerun that passes makes the push
@@ -188,6 +191,11 @@ class Bisection:
         # running elsewhere in it (handed out beside a confirmation that has ended since) are
         # cuts of their own: the free slots take the middles of the longest stretches left.
         left = [i for i in self.candidates if i not in self._failures]
+        # A probe's failure awaiting its confirmation is most likely a breakage (on a key no
+        # flakier than the prior): the other slots narrow below it meanwhile.
+        doubtful = [i for i in self._failures if i != self.n and i in self.candidates]
+        if doubtful and self.flake <= DEFAULT_FLAKE:
+            left = [i for i in left if i < min(doubtful)]
         free = max(0, slots - len(out))
         points = _cut(left, [], self.parallel - len(confirming))
         inside = [i for i in running if i in left]

@@ -284,6 +284,26 @@ def test_with_several_slots_the_primarys_confirmation_runs_beside_the_first_prob
     assert found.probes(running={8, 2, 5}) == []
 
 
+def test_beside_a_failure_awaiting_its_confirmation_the_search_narrows_below_it() -> None:
+    # Twelve pushes, two runs at once: the primary's confirmation and push 5 first.
+    found = Bisection.start(12, 1, T0, parallel=2)
+    assert found.probes() == [Probe(12, 1), Probe(5, 0)]
+    found.record(12, False)
+    found.record(5, False)
+    # Push 5's failure awaits its confirmation; on a key no flakier than the prior, it is
+    # most likely a breakage: the free slot narrows below it (pushes 0-4), not across 0-11.
+    assert found.probes() == [Probe(5, 1), Probe(2, 0)]
+    found.record(5, True)  # intermittent after all: the search widens again, above push 5
+    assert 5 in found.intermittent and found.good == 5
+    assert all(p.index > 5 for p in found.probes(running={2}))
+    # On a key flakier than the prior, a confirmation that passes is likelier: the free
+    # slot cuts what is left as before.
+    flaky = Bisection.start(12, 1, T0, parallel=2, flake=0.1)
+    flaky.record(12, False)
+    flaky.record(5, False)
+    assert flaky.probes() == [Probe(5, 1), Probe(6, 0)]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     n=st.integers(0, 40),

@@ -190,10 +190,11 @@ class Bisection:
         # push handed out before is one of the points, not a reason to move them. Pushes
         # running elsewhere in it (handed out beside a confirmation that has ended since) are
         # cuts of their own: the free slots take the middles of the longest stretches left.
-        left = [i for i in self.candidates if i not in self._failures]
+        candidates = self.candidates
+        left = [i for i in candidates if i not in self._failures]
         # A probe's failure awaiting its confirmation is most likely a breakage (on a key no
         # flakier than the prior): the other slots narrow below it meanwhile.
-        doubtful = [i for i in self._failures if i != self.n and i in self.candidates]
+        doubtful = [i for i in self._failures if i != self.n and i in candidates]
         if doubtful and self.flake <= DEFAULT_FLAKE:
             left = [i for i in left if i < min(doubtful)]
         free = max(0, slots - len(out))

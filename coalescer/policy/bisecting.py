@@ -66,6 +66,7 @@ from coalescer.bisection import Bisection, contradicted, stand_ins
 from coalescer.model import format_time_ms
 from coalescer.policy.actions import QueueActions
 from coalescer.policy.record import (
+    believed,
     dump,
     finding_of,
     known_broken,
@@ -727,8 +728,7 @@ class Searcher:
                     floor,
                     format_time_ms(since),
                 )
-        believed = {int(r["i"]): r for r in doc["results"] if r.get("known")}
-        if named is not None and believed.get(named, {}).get("suspect"):
+        if named is not None and believed(doc).get(named, {}).get("suspect"):
             # The earlier search's suspect, and nothing this one ran made it more.
             log.info(
                 "bisection after %s: it ends on %s, an earlier search's suspect: inconclusive",

@@ -83,11 +83,11 @@ def known_broken(doc: Mapping[str, Any], findings: list[dict[str, Any]]) -> list
     named: dict[tuple[str, int], tuple[float | None, bool]] = {}
     for f in findings:
         if f.get("verdict") == "culprit" and f.get("culprit"):
-            ref = f["culprit"]
-            named[ref["taskId"], int(ref["runId"])] = (f.get("probability"), False)
+            run = f["culprit"]
+            named[run["taskId"], int(run["runId"])] = (f.get("probability"), False)
         elif f.get("suspect") and (f.get("probability") or 0) >= confidence:
-            ref = f["suspect"]
-            named.setdefault((ref["taskId"], int(ref["runId"])), (f.get("probability"), True))
+            run = f["suspect"]
+            named.setdefault((run["taskId"], int(run["runId"])), (f.get("probability"), True))
     gap = doc.get("gap", {})
     return [
         {"i": i, "run": run, "attempt": 0, "passed": False, "known": True}
@@ -128,14 +128,24 @@ def push_deadline(doc: Mapping[str, Any], i: int) -> int | None:
     return None if doc.get("deadline") is None else int(doc["deadline"])
 
 
+def push_held_run(doc: Mapping[str, Any], i: int) -> int:
+    """The run of push ``i`` the search began with: the one held (the primary's failed one)."""
+    victims = doc["victims"]
+    return int(doc["primaryRun"] if i == len(victims) else victims[i][1])
+
+
 def push_last_run(doc: Mapping[str, Any], i: int) -> int:
-    """Push ``i``'s latest run the search knows of: its last result's, or the one held (the
-    primary's failed one)."""
+    """Push ``i``'s latest run the search knows of: its last result's, or the one held."""
     for result in reversed(doc["results"]):
         if result["i"] == i:
             return int(result["run"])
-    victims = doc["victims"]
-    return int(doc["primaryRun"] if i == len(victims) else victims[i][1])
+    return push_held_run(doc, i)
+
+
+def believed(doc: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
+    """The pushes the search took as known broken from earlier searches (:func:`known_broken`),
+    each with its result (that search's ``probability``, and ``suspect``)."""
+    return {int(r["i"]): r for r in doc["results"] if r.get("known")}
 
 
 def floor_ref(doc: Mapping[str, Any], culprit: int | None) -> dict[str, Any] | None:
@@ -160,8 +170,7 @@ def ref(doc: Mapping[str, Any], i: int, run: int | None = None) -> dict[str, Any
     verdict (its last result's), else the one held (the primary's failed one)."""
     if run is None:
         ran = [int(r["run"]) for r in doc["results"] if r["i"] == i and r["passed"] is not None]
-        victims = doc["victims"]
-        run = ran[-1] if ran else int(doc["primaryRun"] if i == len(victims) else victims[i][1])
+        run = ran[-1] if ran else push_held_run(doc, i)
     return {"taskId": push_task(doc, i), "runId": run}
 
 
@@ -187,10 +196,10 @@ def finding_of(
     results = doc["results"]
     culprit, good = search.culprit, search.last_good
     # Pushes known broken from earlier searches, each as probably as that search found.
-    believed = {int(r["i"]): r for r in results if r.get("known")}
+    known = believed(doc)
 
     def probability(i: int) -> float:
-        earlier = believed.get(i, {}).get("probability")
+        earlier = known.get(i, {}).get("probability")
         return search.probability(i) if earlier is None else float(earlier)
 
     def failed_first(i: int) -> int:
